@@ -1,0 +1,30 @@
+"""hf_dspark: DSpark speculative decoding for Hugging Face transformers.
+
+    from hf_dspark import DSparkDrafter, load_default_target
+    model, tok = load_default_target()
+    drafter = DSparkDrafter.from_pretrained(path, target=model)
+    out = model.generate(**tok(prompt, return_tensors="pt"), assistant_model=drafter, max_new_tokens=256)
+    print(drafter.last_stats)
+"""
+
+from transformers import AutoConfig
+
+from .candidate import DSparkCandidateGenerator, enable
+from .config import DSparkConfig
+from .drafter import DSparkDrafter
+from .models import load_default_target
+from .processors import DSparkLogitsProcessor
+from .stats import DSparkStats
+
+AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
+
+__version__ = "0.1.0"
+__all__ = [
+    "DSparkCandidateGenerator",
+    "DSparkConfig",
+    "DSparkDrafter",
+    "DSparkLogitsProcessor",
+    "DSparkStats",
+    "enable",
+    "load_default_target",
+]

