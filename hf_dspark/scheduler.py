@@ -1,0 +1,115 @@
+"""The prefix scheduler: how many of the drafted tokens are worth verifying (method §6.3-6.4).
+
+Pure functions over confidences and cost tables, no model code. Notation: R requests, γ drafted positions,
+c [R, γ] the calibrated *conditional* survival c_k = P(x_k accepted | x_1..x_{k-1} accepted), a = cumprod(c)
+the prefix survival, ℓ the number of drafts sent to verification (0 allowed), B = Σ_r (1 + ℓ_r) the tokens in
+the verification forward (each request always verifies its anchor row, which yields the bonus token).
+
+Losslessness (non-anticipation): whether x_k is verified may depend on c_1..c_k and x_1..x_{k-1}, never on x_k
+or anything computed from it (c_{k+1} reads W1[x_k]). The early stop of Algorithm 1 guarantees it: the walk
+admits x_k only after looking at values ≥ a_k, and stops at the first candidate that does not raise the
+throughput, before any later (x_k-dependent) value can influence x_k. A search without the stop is biased.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def survival(conf: torch.Tensor) -> torch.Tensor:
+    """Conditional survival c [..., γ] → prefix survival a_k = ∏_{i≤k} c_i [..., γ] (float64, clamped to [0, 1])."""
+    return torch.cumprod(torch.as_tensor(conf, dtype=torch.float64).clamp(0.0, 1.0), dim=-1)
+
+
+def greedy_admission(conf: torch.Tensor, sps_table: Sequence[float]) -> list[int]:
+    """Algorithm 1: greedy admission with early stop. Maximises Θ = τ_tot · SPS(B) along the walk.
+
+    conf [R, γ] calibrated conditional survival; sps_table[B - 1] = engine steps per second for a verification
+    forward of B tokens (B = 1..len(sps_table); a B beyond the table is never reached). → ℓ_r for each request.
+    Candidates (r, j) are visited by a_{r,j} descending, ties by position j then request r, so every request's
+    admitted drafts are a prefix; the walk stops at the first candidate that does not strictly raise Θ.
+    """
+    a = survival(conf)
+    if a.dim() != 2:
+        raise ValueError(f"conf must be [R, γ], got shape {tuple(a.shape)}")
+    R, gamma = a.shape
+    if len(sps_table) < R:
+        raise ValueError(f"sps_table covers {len(sps_table)} tokens, fewer than the {R} anchor rows")
+    cands = sorted(
+        ((float(a[r, j]), j, r) for r in range(R) for j in range(gamma) if a[r, j] > 0),
+        key=lambda t: (-t[0], t[1], t[2]),
+    )
+    lengths, best = [0] * R, [0] * R
+    B, tau = R, float(R)
+    theta_best = tau * sps_table[B - 1]
+    for a_rj, j, r in cands:
+        if B + 1 > len(sps_table):
+            break
+        assert lengths[r] == j, "admission must extend a prefix"  # guaranteed by the sort (a non-increasing in j)
+        lengths[r], B, tau = j + 1, B + 1, tau + a_rj
+        theta = tau * sps_table[B - 1]
+        if theta > theta_best:
+            theta_best, best = theta, list(lengths)
+        else:
+            break  # REQUIRED: looking past this point would let x_k-dependent values decide about x_k (§6.4)
+    return best
+
+
+def monotone_envelope(step_time: Sequence[float]) -> list[float]:
+    """Step times T [n] (T[i] = cost of verifying i+1 tokens) → T*(k) = min_{j≥k} T(j) [n], non-decreasing.
+
+    Verifying more tokens than chosen never changes the output distribution, so a length k can always be run
+    as the cheaper longer forward j ≥ k: the envelope is the true cost of "at least k" (see `pad_length`).
+    """
+    out, running = [], float("inf")
+    for t in reversed(list(step_time)):
+        running = min(running, float(t))
+        out.append(running)
+    return out[::-1]
+
+
+def pad_length(length: int, step_time: Sequence[float]) -> int:
+    """Drafts chosen `length` → drafts to verify: the smallest j ≥ length whose forward of j+1 tokens costs
+    the envelope T*(length+1). Depends only on `length` and the table, so it stays lossless."""
+    target = monotone_envelope(step_time)[length]
+    return next(j for j in range(length, len(step_time)) if float(step_time[j]) <= target)
+
+
+def steps_per_second(step_time: Sequence[float], overhead: float = 0.0) -> list[float]:
+    """SPS(B) = 1 / (overhead + T(B)) [n]; overhead is the fixed per-round cost (drafting, cache roll-back)."""
+    return [1.0 / (overhead + float(t)) for t in step_time]
+
+
+def single_stream_length(conf: torch.Tensor, step_time: Sequence[float], draft_time: float = 0.0) -> int:
+    """Batch-1 scheduler: drafts to verify for one request.
+
+    conf [n] calibrated conditional survival of the n drafted positions; step_time [≥ n+1] seconds of a target
+    verification forward of 1..n+1 tokens (only the first n+1 are used); draft_time: fixed per-round seconds.
+    Runs Algorithm 1 with R = 1 on SPS(B) = 1/(draft_time + T*(B)) (monotone envelope, so timing noise or a
+    non-monotone GEMM curve cannot trap the early stop), then pads to the cheaper longer forward. → ℓ in 0..n.
+    """
+    conf = torch.as_tensor(conf).reshape(-1)
+    n = conf.numel()
+    if len(step_time) < n + 1:
+        raise ValueError(f"step_time has {len(step_time)} entries; {n} drafts need {n + 1}")
+    table = [float(t) for t in step_time[: n + 1]]
+    (length,) = greedy_admission(conf[None], steps_per_second(monotone_envelope(table), draft_time))
+    return pad_length(length, table)
+
+
+def static_threshold_length(conf: torch.Tensor, threshold: float) -> int:
+    """conf [n] conditional survival → index of the first position with c_k < threshold (n if none; 0 allowed)."""
+    below = (torch.as_tensor(conf).reshape(-1) < threshold).nonzero()
+    return int(below[0]) if len(below) else int(torch.as_tensor(conf).numel())
+
+
+def _lookahead_length(conf: torch.Tensor, step_time: Sequence[float], draft_time: float = 0.0) -> int:
+    """WRONG ON PURPOSE, the §6.4 counterexample: argmax of Θ over every prefix, no early stop. Whether x_k is
+    verified then depends on c_{k+1}, ..., which depend on x_k, and the output is biased. Negative control for
+    tests only; never use it to decode."""
+    a = survival(torch.as_tensor(conf).reshape(-1)).tolist()
+    sps = steps_per_second(step_time[: len(a) + 1], draft_time)
+    theta = [(1.0 + sum(a[:k])) * sps[k] for k in range(len(a) + 1)]
+    return max(range(len(theta)), key=lambda k: (theta[k], -k))
