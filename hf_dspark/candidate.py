@@ -91,7 +91,7 @@ class DSparkGenerationMixin:
         if scanner.checks:
             stopping_criteria.append(scanner)
             if kwargs.get("streamer") is not None:
-                kwargs["streamer"] = _StoppingStreamer(kwargs["streamer"], scanner)
+                kwargs["streamer"] = _StoppingStreamer(kwargs["streamer"], scanner, input_ids)
         out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
         return scanner.truncate(out)
 
@@ -191,13 +191,11 @@ class StopScanner(StoppingCriteria):
 class _StoppingStreamer:
     """Forwards tokens to the user's streamer only up to the stop found by the scanner."""
 
-    def __init__(self, streamer, scanner: StopScanner):
-        self.streamer, self.scanner, self.seq = streamer, scanner, None
+    def __init__(self, streamer, scanner: StopScanner, prompt_ids: torch.Tensor):
+        # generate() has already put the prompt into the user's streamer before decoding starts
+        self.streamer, self.scanner, self.seq = streamer, scanner, prompt_ids.cpu()
 
     def put(self, value):
-        if self.seq is None:  # transformers puts the prompt first
-            self.seq = value.reshape(1, -1)
-            return self.streamer.put(value)
         start = self.seq.shape[1]
         self.seq = torch.cat([self.seq, value.reshape(1, -1)], dim=-1)
         stop = self.scanner.scan(self.seq)

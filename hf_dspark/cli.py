@@ -1,0 +1,112 @@
+"""`hf-dspark` command line: one subcommand per task, each a thin wrapper over a Python function."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+            "float16": torch.float16, "fp16": torch.float16}[name]
+
+
+def load_target_and_drafter(target: str | None, drafter: str | None, dtype: torch.dtype, device: str):
+    """(model, tokenizer, drafter, drafter_description) for a target id/folder (None = embedded SmolLM2)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import models
+    from .candidate import enable
+    from .drafter import DSparkDrafter
+
+    if target is None:
+        model, tok = models.load_default_target(dtype=dtype, device=device)
+    else:
+        model = enable(AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval())
+        tok = AutoTokenizer.from_pretrained(target)
+    if drafter is not None:
+        return model, tok, DSparkDrafter.from_pretrained(drafter, target=model), drafter
+    shipped = getattr(models, "load_default_drafter", None)
+    if target is None and shipped is not None:
+        return model, tok, shipped(model), "shipped SmolLM2 drafter"
+    print("warning: no trained drafter given; using a RANDOM drafter (τ≈1, slower than plain generate). "
+          "Train one with `hf-dspark train` or pass --drafter.", file=sys.stderr)
+    return model, tok, DSparkDrafter.from_target(model), "random (untrained) drafter"
+
+
+def _timed_generate(model, inputs, **kwargs):
+    t0 = time.perf_counter()
+    out = model.generate(**inputs, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def cmd_generate(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok, drafter, what = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
+    messages = [{"role": "user", "content": args.prompt}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) if tok.chat_template else args.prompt
+    inputs = tok(text, return_tensors="pt").to(model.device)
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.do_sample else dict(do_sample=False)
+    gen = dict(max_new_tokens=args.max_new_tokens, **sampling)
+    # Warm-up both paths on a short run so neither pays first-call costs in the timing.
+    model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    model.generate(**inputs, max_new_tokens=8, do_sample=False, assistant_model=drafter)
+    if args.do_sample:
+        torch.manual_seed(args.seed)
+    plain, t_plain = _timed_generate(model, inputs, **gen)
+    if args.do_sample:
+        torch.manual_seed(args.seed)
+    spec, t_spec = _timed_generate(model, inputs, assistant_model=drafter, **gen)
+    n_prompt = inputs["input_ids"].shape[1]
+    answer = tok.decode(spec[0, n_prompt:], skip_special_tokens=True)
+    n_plain, n_spec = plain.shape[1] - n_prompt, spec.shape[1] - n_prompt
+    st = drafter.last_stats
+    print(answer)
+    print("-" * 72)
+    print(f"target: {args.target or 'SmolLM2-135M-Instruct (embedded)'} [{args.dtype}, {model.device}]; drafter: {what}")
+    print(f"plain generate : {n_plain:4d} tokens in {t_plain:6.2f} s = {n_plain / t_plain:6.1f} tok/s")
+    print(f"DSpark         : {n_spec:4d} tokens in {t_spec:6.2f} s = {n_spec / t_spec:6.1f} tok/s "
+          f"({(n_spec / t_spec) / (n_plain / t_plain):.2f}x)")
+    print(f"τ (accepted per round, incl. bonus) = {st.tau:.2f} over {len(st.rounds)} rounds; "
+          f"conditional acceptance by position = {[round(x, 2) for x in st.conditional_acceptance]}")
+    if args.do_sample:
+        print("sampling: outputs are draws from the same distribution, not expected to be identical")
+    else:
+        same = torch.equal(plain, spec)
+        print(f"greedy output identical to plain generate: {same}"
+              + ("" if same or args.dtype in ("float32", "fp32") else " (bf16/fp16 can flip near-ties; identity is claimed for float32)"))
+        if not same and args.dtype in ("float32", "fp32"):
+            return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hf-dspark", description="DSpark speculative decoding for transformers")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="answer a prompt with DSpark and compare tokens/s with plain generate")
+    g.add_argument("prompt")
+    g.add_argument("--target", help="model id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--drafter", help="drafter folder (default: the shipped drafter for the default target)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--do-sample", action="store_true")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    g.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    g.set_defaults(func=cmd_generate)
+
+    # Other subcommands register themselves here (one line each).
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

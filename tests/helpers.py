@@ -1,0 +1,34 @@
+"""Test-only tools: an oracle that makes drafts partly right, so every acceptance length gets exercised."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from hf_dspark import candidate
+
+
+@contextlib.contextmanager
+def oracle_drafts(reference: torch.Tensor, p_right: float = 0.7, seed: int = 0):
+    """Within the block, replace each drafted token by the reference continuation (plain generate's output)
+    with probability `p_right`, else by a wrong token. Greedy verification ignores draft logits, so this
+    exercises partial acceptance of every length without a trained drafter."""
+    real = candidate.sequential_draft
+    gen = torch.Generator().manual_seed(seed)
+
+    def patched(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample):
+        block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample)
+        start = prefix_ids.shape[1]
+        for k in range(len(block.tokens)):
+            pos = start + k
+            right = reference[0, pos] if pos < reference.shape[1] else block.tokens[k]
+            ok = torch.rand((), generator=gen) < p_right
+            block.tokens[k] = right if ok else (right + 1) % base_logits.shape[-1]
+        return block
+
+    candidate.sequential_draft = patched
+    try:
+        yield
+    finally:
+        candidate.sequential_draft = real

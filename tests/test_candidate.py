@@ -1,0 +1,193 @@
+"""Greedy token identity with plain `generate` (fp32), stopping exactly where it stops, the drafter's context
+staying in step with the target, streaming, and routing through transformers."""
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.candidate import DSparkCandidateGenerator
+from tests.conftest import tiny_target
+from tests.helpers import oracle_drafts
+
+BLOCK = 4
+PROMPT = torch.tensor([[5, 17, 3, 42, 8, 11]])
+
+
+def drafter_for(model, head="markov", **kw):
+    torch.manual_seed(1)
+    return DSparkDrafter.from_target(model, block_size=BLOCK, target_layer_ids=[0, 2], head_type=head,
+                                     markov_rank=8, **kw)
+
+
+def assert_identical(model, drafter, oracle=True, **gen):
+    plain = model.generate(PROMPT, do_sample=False, **gen)
+    if oracle:
+        with oracle_drafts(plain):
+            spec = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
+    else:
+        spec = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
+    assert spec.tolist() == plain.tolist()
+    return plain
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("head", ["markov", "rnn", "none"])
+@pytest.mark.parametrize("max_new", [1, 2, BLOCK - 1, BLOCK, BLOCK + 1, 40])
+def test_greedy_identity(family, head, max_new):
+    model = tiny_target(family)
+    drafter = drafter_for(model, head)
+    assert_identical(model, drafter, max_new_tokens=max_new)
+    if max_new > 2:
+        hist = drafter.last_stats.acceptance_histogram
+        assert sum(hist.values()) == len(drafter.last_stats.rounds)
+
+
+def test_oracle_exercises_every_acceptance_length():
+    model = tiny_target()
+    drafter = drafter_for(model)
+    assert_identical(model, drafter, max_new_tokens=120)
+    st = drafter.last_stats
+    assert set(st.acceptance_histogram) == set(range(BLOCK + 1))
+    assert st.tau > 1.5
+    assert sum(r.committed for r in st.rounds) + 1 == st.new_tokens == 120
+
+
+def test_random_drafter_identity_without_oracle(llama):
+    assert_identical(llama, drafter_for(llama), oracle=False, max_new_tokens=30)
+
+
+def test_eos_inside_a_draft():
+    free = tiny_target().generate(PROMPT, do_sample=False, max_new_tokens=40)
+    eos = int(free[0, PROMPT.shape[1] + 9])  # a token plain decoding emits 10 tokens in
+    model = tiny_target(eos=eos)
+    out = assert_identical(model, drafter_for(model), max_new_tokens=40)
+    assert out.shape[1] < free.shape[1] and out[0, -1] == eos
+
+
+@pytest.mark.parametrize("gen", [
+    dict(repetition_penalty=1.3),
+    dict(no_repeat_ngram_size=2),
+    dict(suppress_tokens=[1, 2, 3]),
+    dict(min_new_tokens=20, max_new_tokens=30),
+])
+def test_processors(llama, gen):
+    gen.setdefault("max_new_tokens", 40)
+    assert_identical(llama, drafter_for(llama), **gen)
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+class StopAtLength(StoppingCriteria):
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_custom_stopping_criteria_stop_exactly(llama):
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
+    token = int(free[0, PROMPT.shape[1] + 12])
+    for crit in (StopAfterToken(token), StopAtLength(PROMPT.shape[1] + 10)):
+        out = assert_identical(llama, drafter_for(llama), max_new_tokens=40,
+                               stopping_criteria=StoppingCriteriaList([crit]))
+        assert out.shape[1] < free.shape[1]
+
+
+def test_stop_strings_stop_exactly(llama, char_tokenizer):
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
+    a, b = (int(t) for t in free[0, PROMPT.shape[1] + 14 : PROMPT.shape[1] + 16])
+    stop = char_tokenizer.decode([a, b])
+    out = assert_identical(llama, drafter_for(llama), max_new_tokens=40, stop_strings=[stop],
+                           tokenizer=char_tokenizer)
+    assert out.shape[1] < free.shape[1]
+
+
+def test_dict_output_is_truncated_at_a_stop(llama):
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=30)
+    crit = StoppingCriteriaList([StopAtLength(PROMPT.shape[1] + 9)])
+    kw = dict(do_sample=False, max_new_tokens=30, stopping_criteria=crit, return_dict_in_generate=True, output_scores=True)
+    plain = llama.generate(PROMPT, **kw)
+    drafter = drafter_for(llama)
+    with oracle_drafts(free, p_right=1.0):
+        spec = llama.generate(PROMPT, assistant_model=drafter, **kw)
+    assert spec.sequences.tolist() == plain.sequences.tolist()
+    assert len(spec.scores) == len(plain.scores) == 9
+    assert spec.past_key_values.get_seq_length() == plain.past_key_values.get_seq_length()
+
+
+def test_streamer_yields_the_final_text(llama, char_tokenizer):
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
+    drafter = drafter_for(llama)
+    for stops in (None, [char_tokenizer.decode(free[0, PROMPT.shape[1] + 7 : PROMPT.shape[1] + 9])]):
+        streamer = TextIteratorStreamer(char_tokenizer, skip_prompt=True)
+        with oracle_drafts(free):
+            out = llama.generate(PROMPT, do_sample=False, max_new_tokens=40, assistant_model=drafter,
+                                 streamer=streamer, stop_strings=stops, tokenizer=char_tokenizer)
+        streamed = "".join(streamer)
+        assert streamed == char_tokenizer.decode(out[0, PROMPT.shape[1]:])
+        if stops:
+            assert out.shape[1] < free.shape[1]
+
+
+def test_drafter_context_matches_a_full_forward(llama):
+    """The context K/V the drafter built round by round equals the one built from one forward over the
+    final sequence: the right rows were ingested, at the right positions, none twice."""
+    drafter = drafter_for(llama)
+    seen = {}
+    real_init = DSparkCandidateGenerator.__init__
+
+    def spy(self, *a, **k):
+        real_init(self, *a, **k)
+        seen["gen"] = self
+
+    DSparkCandidateGenerator.__init__ = spy
+    try:
+        free = llama.generate(PROMPT, do_sample=False, max_new_tokens=50)
+        with oracle_drafts(free):
+            out = llama.generate(PROMPT, do_sample=False, max_new_tokens=50, assistant_model=drafter)
+    finally:
+        DSparkCandidateGenerator.__init__ = real_init
+    gen = seen["gen"]
+    n = gen.ctx_len
+    assert n == out.shape[1] - 2  # everything but the last two tokens: the final round's states are never requested
+    with torch.no_grad():
+        hs = llama(out[:, :n], output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
+        full = drafter.context_kv(feats, torch.arange(n)[None])
+    for (k0, v0), (k1, v1) in zip(gen.context_kv, full):
+        torch.testing.assert_close(k0, k1, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(v0, v1, atol=1e-5, rtol=1e-4)
+
+
+def test_other_assistants_still_use_transformers(llama):
+    """Prompt lookup and ordinary assistant models are untouched by the routing."""
+    ids = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])
+    drafter_for(llama)  # enables the class swap
+    plain = llama.generate(ids, do_sample=False, max_new_tokens=12)
+    assert llama.generate(ids, do_sample=False, max_new_tokens=12, prompt_lookup_num_tokens=3).tolist() == plain.tolist()
+    small = tiny_target(layers=1, seed=3)
+    assert llama.generate(ids, do_sample=False, max_new_tokens=12, assistant_model=small).tolist() == plain.tolist()
+
+
+def test_stats_are_consistent(llama):
+    drafter = drafter_for(llama)
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=60)
+    with oracle_drafts(free):
+        llama.generate(PROMPT, do_sample=False, max_new_tokens=60, assistant_model=drafter)
+    st = drafter.last_stats
+    assert all(r.accepted <= r.verified <= r.drafted <= BLOCK for r in st.rounds)
+    assert all(r.committed in (r.accepted, r.accepted + 1) for r in st.rounds)
+    assert all(len(r.target_probs) == r.verified for r in st.rounds)
+    assert all(len(r.confidence) == r.drafted for r in st.rounds)
+    # Greedy: every accepted draft is the target's argmax, and a rejected one is not.
+    assert st.tau == pytest.approx(sum(r.committed for r in st.rounds) / len(st.rounds))
+    cond = st.conditional_acceptance
+    assert all(0.0 <= c <= 1.0 for c in cond)
