@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     g.set_defaults(func=cmd_generate)
 
     # Other subcommands register themselves here (one line each).
+    from .training import data as _data; _data.add_parser(sub)  # noqa: E702
 
     args = parser.parse_args(argv)
     return args.func(args)

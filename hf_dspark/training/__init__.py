@@ -1,0 +1,1 @@
+"""Training tools for DSpark drafters: data regeneration, target features, anchors, losses, trainer."""
