@@ -74,19 +74,47 @@ def validate_pair(drafter, target) -> None:
         raise ValueError(f"drafter dtype {param.dtype} != target dtype {head.dtype}: call drafter.to({head.dtype})")
 
 
-def load_strict(loader, path, *args, **kwargs):
+def _check_local_checkpoint(cls, folder: Path) -> None:
+    """Compare the safetensors header (names, shapes) with what the folder's config builds, before loading."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl", ".ckpt"})
+        what = f"only pickle checkpoints {pickles}" if pickles else "no *.safetensors file"
+        raise ValueError(f"{folder} holds {what}; DSpark loads safetensors only")
+    try:
+        stored = {}
+        for f in files:
+            with safe_open(f, "pt") as sf:
+                stored.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})
+        config = cls.config_class.from_pretrained(folder)
+    except Exception as e:
+        raise ValueError(f"could not load a DSpark drafter from {folder}: {e}") from e
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
+    problems = {
+        "missing": sorted(set(expected) - set(stored)),
+        "unexpected": sorted(set(stored) - set(expected)),
+        "wrong shape": sorted(f"{k}: stored {stored[k]}, config says {expected[k]}"
+                              for k in set(stored) & set(expected) if stored[k] != expected[k]),
+    }
+    problems = {k: v for k, v in problems.items() if v}
+    if problems:
+        raise ValueError(f"corrupt or incompatible drafter checkpoint at {folder}: {problems}")
+
+
+def load_strict(cls, loader, path, *args, **kwargs):
     """Load with transformers' loader, safetensors only, and turn missing/unexpected/mismatched weights
     (which transformers would re-initialise with a warning) into an error naming them."""
     local = Path(str(path))
     if local.is_dir():
-        pickles = sorted(p.name for p in local.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl", ".ckpt"})
-        if pickles and not any(p.suffix == ".safetensors" for p in local.iterdir()):
-            raise ValueError(f"{local} holds only pickle checkpoints {pickles}; DSpark loads safetensors only")
+        _check_local_checkpoint(cls, local)
     kwargs["use_safetensors"] = True
     kwargs["output_loading_info"] = True
     try:
         model, info = loader(path, *args, **kwargs)
-    except (OSError, ValueError, RuntimeError) as e:
+    except Exception as e:  # safetensors, OS and config errors all mean "this checkpoint cannot be used"
         raise ValueError(f"could not load a DSpark drafter from {path}: {e}") from e
     problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if problems:

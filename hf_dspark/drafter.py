@@ -17,6 +17,17 @@ from .config import DSparkConfig
 from .heads import ConfidenceHead, build_head
 
 
+_NOT_STANDALONE = (
+    "A DSparkDrafter is not a standalone model: pass it as `assistant_model=` to the target's generate() after "
+    "binding it (DSparkDrafter.from_pretrained(path, target=model) or drafter.bind(model)). If you see this from "
+    "inside transformers, the target was not enabled for DSpark (hf_dspark.enable(model) / drafter.bind(model))."
+)
+
+
+class _NotEnabledError(RuntimeError):
+    """Raised when transformers' stock assistant path touches a drafter: the target was not enabled."""
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, heads, n, hd]; cos/sin [B, n, hd]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -143,18 +154,23 @@ class DSparkDrafter(PreTrainedModel):
 
             if target is not None:
                 kwargs.setdefault("dtype", target.dtype)
-            drafter = load_strict(super().from_pretrained, pretrained_model_name_or_path, *args, **kwargs)
+            drafter = load_strict(cls, super().from_pretrained, pretrained_model_name_or_path, *args, **kwargs)
         if target is not None:
             drafter = drafter.to(device=target.device, dtype=target.dtype).eval()
             drafter.bind(target)
         return drafter
 
     def generate(self, *args, **kwargs):
-        raise RuntimeError(
-            "A DSparkDrafter is not a standalone model: pass it as `assistant_model=` to the target's "
-            "generate(), after binding it (DSparkDrafter.from_pretrained(path, target=model) or drafter.bind(model)). "
-            "If you see this from inside transformers, the target was not enabled for DSpark."
-        )
+        raise RuntimeError(_NOT_STANDALONE)
+
+    @property
+    def generation_config(self):
+        # transformers' stock assistant path reads this first: reaching it means the target was never enabled.
+        raise _NotEnabledError(_NOT_STANDALONE)
+
+    @generation_config.setter
+    def generation_config(self, value):
+        pass  # the drafter has no generation settings of its own
 
     # ---- pieces of a round -----------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

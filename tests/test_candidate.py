@@ -191,3 +191,51 @@ def test_stats_are_consistent(llama):
     assert st.tau == pytest.approx(sum(r.committed for r in st.rounds) / len(st.rounds))
     cond = st.conditional_acceptance
     assert all(0.0 <= c <= 1.0 for c in cond)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(num_beams=2), NotImplementedError, "beam"),
+    (dict(prompt_lookup_num_tokens=3), ValueError, "prompt_lookup_num_tokens"),
+    (dict(num_assistant_tokens=5), ValueError, "num_assistant_tokens"),
+    (dict(assistant_confidence_threshold=0.2), ValueError, "assistant_confidence_threshold"),
+    (dict(cache_implementation="static"), NotImplementedError, "static"),
+    (dict(max_new_tokens=300), ValueError, "context"),
+])
+def test_unsupported_requests_are_named(llama, kwargs, error, message):
+    drafter = drafter_for(llama)
+    kwargs.setdefault("max_new_tokens", 5)
+    with pytest.raises(error, match=message):
+        llama.generate(PROMPT, assistant_model=drafter, **kwargs)
+
+
+def test_batch_and_padding_are_refused(llama):
+    drafter = drafter_for(llama)
+    with pytest.raises(NotImplementedError, match="batch of 2"):
+        llama.generate(PROMPT.repeat(2, 1), max_new_tokens=5, assistant_model=drafter)
+    mask = torch.ones_like(PROMPT)
+    mask[0, 0] = 0
+    with pytest.raises(NotImplementedError, match="padded"):
+        llama.generate(PROMPT, attention_mask=mask, max_new_tokens=5, assistant_model=drafter)
+
+
+def test_drafter_bound_to_another_model(llama):
+    from hf_dspark import enable
+
+    drafter = drafter_for(tiny_target(seed=5))
+    with pytest.raises(RuntimeError, match="not enabled"):  # a target nobody enabled: transformers' stock path
+        llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
+    enable(llama)
+    with pytest.raises(ValueError, match="bound to another model"):
+        llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
+
+
+def test_logits_processor_leaves_scores_bit_identical():
+    from hf_dspark import DSparkLogitsProcessor
+
+    obs = DSparkLogitsProcessor()
+    obs.begin_round(torch.tensor([[1, 2, 3, 4]]), 2)
+    scores = torch.randn(1, 64)
+    before = scores.clone()
+    out = obs(torch.tensor([[1, 2]]), scores)
+    assert out is scores and torch.equal(out, before)
+    assert set(obs.target_probs) == {1} and 0 < obs.target_probs[1] < 1

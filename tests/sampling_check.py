@@ -1,0 +1,85 @@
+"""Goodness-of-fit of speculative sampling against the target's exact distribution, by enumeration.
+
+On a tiny-vocabulary target the distribution of the first T generated tokens is computable exactly: run the
+target over every prefix (V^t of them at step t), apply the same logits processors plain `generate` would,
+and multiply. We then sample N generations with DSpark and G-test each position's marginal and the joint of
+the first two drafted positions against the exact law. Used by test_sampling.py (and the scheduler tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from scipy import stats
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+
+def processors(temperature=1.0, top_k=None, top_p=None, repetition_penalty=None) -> LogitsProcessorList:
+    """The list plain `generate` builds for these options (same classes, same order)."""
+    out = LogitsProcessorList()
+    if repetition_penalty is not None:
+        out.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
+    if temperature != 1.0:
+        out.append(TemperatureLogitsWarper(temperature))
+    if top_k is not None:
+        out.append(TopKLogitsWarper(top_k))
+    if top_p is not None:
+        out.append(TopPLogitsWarper(top_p))
+    return out
+
+
+@torch.no_grad()
+def exact_distribution(model, prompt: torch.Tensor, steps: int, procs: LogitsProcessorList) -> np.ndarray:
+    """Exact probability of every continuation: array [V]*steps (float64)."""
+    V = model.config.vocab_size
+    joint = np.ones([1])
+    for t in range(steps):
+        conts = torch.tensor(list(itertools.product(range(V), repeat=t)), dtype=torch.long).view(V**t, t)
+        ids = torch.cat([prompt.expand(V**t, -1), conts], dim=1)
+        logits = model(ids).logits[:, -1].float()
+        probs = torch.softmax(procs(ids, logits), dim=-1).double().numpy()  # [V^t, V]
+        joint = (joint.reshape(-1, 1) * probs).reshape(-1)
+    return joint.reshape([V] * steps)
+
+
+def sample_counts(model, drafter, prompt, steps: int, n: int, seed: int, **gen) -> np.ndarray:
+    """Counts of each position's token over `n` speculative generations: array [steps, V]; and the pairs."""
+    V = model.config.vocab_size
+    torch.manual_seed(seed)
+    seqs = []
+    for _ in range(n):
+        out = model.generate(prompt, do_sample=True, max_new_tokens=steps, min_new_tokens=steps,
+                             assistant_model=drafter, **gen)
+        seqs.append(out[0, prompt.shape[1]:].tolist())
+    return np.array(seqs).reshape(n, steps)
+
+
+def _g_test(observed: np.ndarray, expected_p: np.ndarray) -> float:
+    """G-test p-value, pooling cells whose expected count is < 5 into one."""
+    n = observed.sum()
+    exp = expected_p * n
+    small = exp < 5
+    obs_c = np.append(observed[~small], observed[small].sum())
+    exp_c = np.append(exp[~small], exp[small].sum())
+    keep = exp_c > 0
+    obs_c, exp_c = obs_c[keep], exp_c[keep]
+    if len(obs_c) < 2:
+        return 1.0
+    exp_c = exp_c * obs_c.sum() / exp_c.sum()
+    return float(stats.power_divergence(obs_c, exp_c, lambda_="log-likelihood").pvalue)
+
+
+def fit_pvalue(samples: np.ndarray, exact: np.ndarray) -> float:
+    """Bonferroni-combined p-value over each position's marginal and the joint of positions 2-3."""
+    steps, V = samples.shape[1], exact.shape[0]
+    pvals = []
+    for t in range(steps):
+        marg = exact.sum(axis=tuple(i for i in range(steps) if i != t))
+        pvals.append(_g_test(np.bincount(samples[:, t], minlength=V), marg))
+    if steps >= 3:
+        pair = exact.sum(axis=tuple(i for i in range(steps) if i not in (1, 2))).reshape(-1)
+        pvals.append(_g_test(np.bincount(samples[:, 1] * V + samples[:, 2], minlength=V * V), pair))
+    return min(1.0, min(pvals) * len(pvals))

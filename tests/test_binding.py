@@ -1,0 +1,123 @@
+"""Pairing checks and strict loading: every mismatch is an error that names it, nothing is lost."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_dspark import DSparkConfig, DSparkDrafter
+from tests.conftest import tiny_target
+
+
+def make(model, **kw):
+    kw.setdefault("target_layer_ids", [0, 2])
+    return DSparkDrafter.from_target(model, block_size=4, **kw)
+
+
+@pytest.mark.parametrize("other, message", [
+    (dict(hidden=48), "hidden_size"),
+    (dict(vocab=96), "vocab_size"),
+    (dict(layers=6), "num_hidden_layers"),
+    (dict(family="qwen3"), "model_type"),
+])
+def test_wrong_target_is_named(other, message):
+    drafter = make(tiny_target())
+    with pytest.raises(ValueError, match=message):
+        drafter.bind(tiny_target(**other))
+
+
+def test_last_layer_is_never_tapped():
+    with pytest.raises(ValueError, match="last one is never tapped"):
+        make(tiny_target(layers=4), target_layer_ids=[1, 3])
+
+
+def test_mask_token_must_not_be_eos():
+    model = tiny_target(eos=7)
+    with pytest.raises(ValueError, match="EOS or PAD"):
+        make(model, mask_token_id=7)
+    assert make(model).config.mask_token_id != 7
+
+
+def test_dtype_and_device_mismatch():
+    model = tiny_target()
+    drafter = make(model)
+    with pytest.raises(ValueError, match="dtype"):
+        drafter.to(torch.bfloat16).bind(model)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="head_type"):
+        DSparkConfig(head_type="lstm", target_layer_ids=[0], mask_token_id=1)
+    with pytest.raises(ValueError, match="block_size"):
+        DSparkConfig(block_size=0, target_layer_ids=[0], mask_token_id=1)
+    with pytest.raises(ValueError, match="block_size"):
+        DSparkConfig(block_size=1000, target_layer_ids=[0], mask_token_id=1)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        DSparkConfig(target_layer_ids=[2, 1], mask_token_id=1)
+
+
+def test_save_load_round_trip_stores_no_target_weights(tmp_path):
+    model = tiny_target()
+    drafter = make(model)
+    drafter.save_pretrained(tmp_path)
+    keys = load_file(tmp_path / "model.safetensors").keys()
+    assert not any("embed" in k or "lm_head" in k for k in keys)
+    again = DSparkDrafter.from_pretrained(tmp_path, target=model)
+    for (k, a), (_, b) in zip(drafter.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), k
+    ids = torch.tensor([[3, 4, 5, 6]])
+    torch.manual_seed(0)
+    x = model.generate(ids, do_sample=True, max_new_tokens=12, assistant_model=drafter)
+    torch.manual_seed(0)
+    y = model.generate(ids, do_sample=True, max_new_tokens=12, assistant_model=again)
+    assert x.tolist() == y.tolist()
+
+
+def test_missing_unexpected_and_corrupt_checkpoints(tmp_path):
+    model = tiny_target()
+    make(model).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+
+    missing = dict(weights)
+    del missing["fc.weight"]
+    save_file(missing, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="fc.weight"):
+        DSparkDrafter.from_pretrained(tmp_path, target=model)
+
+    extra = dict(weights, **{"surprise.weight": torch.zeros(2)})
+    save_file(extra, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="surprise.weight"):
+        DSparkDrafter.from_pretrained(tmp_path, target=model)
+
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="could not load"):
+        DSparkDrafter.from_pretrained(tmp_path, target=model)
+
+
+def test_pickle_checkpoints_are_never_loaded(tmp_path):
+    model = tiny_target()
+    drafter = make(model)
+    drafter.config.save_pretrained(tmp_path)
+    torch.save(drafter.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="safetensors only"):
+        DSparkDrafter.from_pretrained(tmp_path, target=model)
+
+
+def test_config_for_wrong_shape_is_named(tmp_path):
+    model = tiny_target()
+    make(model).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["markov_rank"] = 16  # no longer matches the stored W1/W2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="W1"):
+        DSparkDrafter.from_pretrained(tmp_path, target=model)
+
+
+def test_unbound_drafter_on_a_plain_model_explains_itself():
+    model = tiny_target()
+    cfg = DSparkConfig.for_target(model.config, block_size=4, target_layer_ids=[0, 2], mask_token_id=60)
+    with pytest.raises(RuntimeError, match="not a standalone model"):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, assistant_model=DSparkDrafter(cfg))
