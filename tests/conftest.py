@@ -2,6 +2,8 @@
 
 import os
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the Hub
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
