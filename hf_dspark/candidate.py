@@ -29,6 +29,7 @@ from .drafter import DSparkDrafter
 from .heads import sequential_draft
 from .processors import DSparkLogitsProcessor
 from .stats import DSparkStats, Round
+from .verify_policy import VerifyPolicy
 
 # The private methods we override, with the leading parameters we rely on (checked by `enable`).
 _EXPECTED = {
@@ -235,6 +236,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.ctx_len = 0
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
+        self.verify_policy = VerifyPolicy.for_drafter(drafter, target)  # drafter.verify_policy, resolved once
         drafter.last_stats = self.stats
 
     @torch.no_grad()
@@ -260,7 +262,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             dr.base_logits(h), h, input_ids[0, -1].to(dr.device), dr.head, dr.confidence,
             input_ids, self.draft_processor, self.do_sample,
         )
-        length = n  # verify everything drafted (the scheduler decides this in a later version)
+        length = self.verify_policy.length(block.conf_logits)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
         logits = block.logits[:length].unsqueeze(0) if (self.do_sample and length) else None
         return self._send(input_ids, candidate, logits, block, t0)

@@ -1,0 +1,346 @@
+"""DeviceProfile: what one round costs on this device, measured, for the scheduler (method §6.3, §9.3).
+
+A profile holds, for one (target, drafter shape, dtype, device, torch) combination:
+  verify_time [γ+1]  median seconds of a target verification forward of 1..γ+1 new tokens on a KV cache of
+                     realistic length, with the tapped hidden states requested as in decoding;
+  draft_time         median seconds of one drafter round (context ingest + backbone + sequential head);
+  rollback_time      median seconds of cropping the target cache back after a verification.
+The measured curve is used as is: on CPU in fp32 it is not monotone (transformers-integration.md §7), so no
+smooth cost model would do. Profiles are cached as JSON under `models.cache_dir()/profiles/`, keyed by
+`ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import random
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .scheduler import monotone_envelope, pad_length, single_stream_length
+
+
+class ProfileMismatchError(ValueError):
+    """A stored profile was measured for another model, dtype, device or torch: its timings do not apply."""
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What the timings depend on. Two profiles are interchangeable only if every field is equal."""
+
+    model: str  # the target's name or path (readable; config_hash is what decides)
+    config_hash: str  # target config + drafter shape (calibration excluded: it does not change timings)
+    dtype: str
+    device: str  # CPU model string and thread count, or the GPU name
+    torch: str
+
+    def slug(self) -> str:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.model).name or "model")[:40]
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return f"{name}-{self.dtype}-{digest}"
+
+
+@dataclass
+class DeviceProfile:
+    """Per-device costs of a DSpark round, in seconds. verify_time[i] is for i+1 tokens (anchor + i drafts)."""
+
+    key: ProfileKey
+    verify_time: list[float]
+    draft_time: float
+    rollback_time: float
+    cache_len: int
+    warmup: int
+    repeats: int
+    verify_iqr: list[list[float]] = field(default_factory=list)  # [γ+1] × (p25, p75), for the record
+    created: str = ""
+
+    @property
+    def block_size(self) -> int:
+        return len(self.verify_time) - 1
+
+    @property
+    def round_overhead(self) -> float:
+        """Fixed seconds per round whatever ℓ is: drafting the full block + cache roll-back."""
+        return self.draft_time + self.rollback_time
+
+    def verify_length(self, conf: torch.Tensor) -> int:
+        """conf [n] calibrated conditional survival → drafts to verify (batch-1 scheduler on this profile)."""
+        return single_stream_length(conf, self.verify_time, self.round_overhead)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceProfile":
+        d = dict(d)
+        d["key"] = ProfileKey(**d["key"])
+        return cls(**d)
+
+    def save(self, path: str | Path | None = None) -> Path:
+        path = Path(path) if path is not None else profile_path(self.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        return path
+
+    def __str__(self) -> str:
+        return format_profile(self)
+
+
+# ---- keys ------------------------------------------------------------------------------------------------------
+def device_name(device: torch.device | str) -> str:
+    """GPU name, or the CPU model string from /proc/cpuinfo plus torch's thread count (timings scale with it)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} ({torch.get_num_threads()} threads)"
+
+
+def _config_dict(config, drop=()) -> dict:
+    d = config.to_dict()
+    for k in ("_name_or_path", "transformers_version", "dtype", "torch_dtype", *drop):
+        d.pop(k, None)
+    return d
+
+
+def profile_key(target, drafter) -> ProfileKey:
+    """The key of `target` verified with `drafter` on the target's device and dtype."""
+    shapes = {
+        "target": _config_dict(target.config),
+        "drafter": _config_dict(drafter.config, drop=("confidence_temperatures",)),
+    }
+    digest = hashlib.sha256(json.dumps(shapes, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    name = getattr(target.config, "_name_or_path", "") or target.config.model_type
+    return ProfileKey(
+        model=str(name), config_hash=digest, dtype=str(target.dtype).removeprefix("torch."),
+        device=device_name(target.device), torch=torch.__version__,
+    )
+
+
+def profile_path(key: ProfileKey) -> Path:
+    from .models import cache_dir
+
+    return cache_dir() / "profiles" / f"{key.slug()}.json"
+
+
+def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DeviceProfile:
+    """Read a profile; with `expect`, raise ProfileMismatchError naming the fields that differ."""
+    profile = DeviceProfile.from_dict(json.loads(Path(path).read_text()))
+    if expect is not None and profile.key != expect:
+        diff = {
+            f.name: (getattr(profile.key, f.name), getattr(expect, f.name))
+            for f in dataclasses.fields(ProfileKey)
+            if getattr(profile.key, f.name) != getattr(expect, f.name)
+        }
+        raise ProfileMismatchError(
+            f"{path} was measured for another setup ({', '.join(f'{k}: {a!r} ≠ {b!r}' for k, (a, b) in diff.items())}); "
+            "measure one for this setup with `hf-dspark profile` or hf_dspark.profile.get_profile(..., measure=True)"
+        )
+    return profile
+
+
+def get_profile(target, drafter, measure: bool = True, **measure_kwargs) -> DeviceProfile:
+    """The cached profile for this target/drafter/device/dtype/torch; if there is none, measure and cache one
+    (`measure=True`, a few seconds on CPU) or raise FileNotFoundError. Never returns another setup's profile."""
+    key = profile_key(target, drafter)
+    path = profile_path(key)
+    if path.exists():
+        return load_profile(path, expect=key)
+    if not measure:
+        raise FileNotFoundError(f"no device profile for {key} at {path}; run `hf-dspark profile`")
+    from transformers.utils import logging
+
+    logging.get_logger(__name__).warning("No device profile for %s on %s yet: measuring one (once)", key.model, key.device)
+    profile = measure_profile(target, drafter, **measure_kwargs)
+    profile.save(path)
+    return profile
+
+
+# ---- measuring --------------------------------------------------------------------------------------------------
+class _Clock:
+    """Wall time around device work: synchronises CUDA so queued kernels are counted."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+@torch.no_grad()
+def measure_profile(target, drafter, cache_len: int = 256, warmup: int = 3, repeats: int = 10,
+                    seed: int = 0) -> DeviceProfile:
+    """Time a verification forward of 1..γ+1 tokens on a `cache_len`-token DynamicCache (lengths interleaved in
+    random order, `warmup` untimed passes, medians over `repeats`), the drafter's round and the cache roll-back.
+    Runs on the target's device and dtype; token ids are random (costs do not depend on them). The global RNG is
+    left untouched, so measuring on first use inside a seeded generate() does not change its samples."""
+    devices = [target.device] if target.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return _measure(target, drafter, cache_len, warmup, repeats, seed)
+
+
+def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile:
+    from transformers import DynamicCache
+
+    gamma = drafter.config.block_size
+    device = target.device
+    clock = _Clock(device)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = target.config.get_text_config().vocab_size
+    max_pos = target.config.get_text_config().max_position_embeddings
+    cache_len = max(1, min(cache_len, max_pos - gamma - 2))
+    taps = [i + 1 for i in drafter.config.target_layer_ids]
+    ids = lambda n: torch.randint(0, vocab, (1, n), generator=gen).to(device)  # noqa: E731
+
+    cache = DynamicCache(config=target.config)
+    target(ids(cache_len), cache=cache, use_cache=True)
+    verify = {k: [] for k in range(1, gamma + 2)}
+    rollback = []
+    for rep in range(warmup + repeats):
+        order = list(verify)
+        rng.shuffle(order)
+        for k in order:
+            t0 = clock.now()
+            target(ids(k), cache=cache, use_cache=True, output_hidden_states=taps)
+            t1 = clock.now()
+            cache.crop(-k)  # transformers' crop takes the number of tokens to remove, negated
+            t2 = clock.now()
+            assert cache.get_seq_length() == cache_len, "cache roll-back did not restore the length"
+            if rep >= warmup:
+                verify[k].append(t1 - t0)
+                rollback.append(t2 - t1)
+
+    draft = _time_drafter(drafter, cache_len, warmup, repeats, gen, clock)
+    q = lambda xs, p: statistics.quantiles(xs, n=4)[p] if len(xs) > 1 else xs[0]  # noqa: E731
+    return DeviceProfile(
+        key=profile_key(target, drafter),
+        verify_time=[statistics.median(verify[k]) for k in verify],
+        draft_time=draft,
+        rollback_time=statistics.median(rollback),
+        cache_len=cache_len, warmup=warmup, repeats=repeats,
+        verify_iqr=[[q(verify[k], 0), q(verify[k], 2)] for k in verify],
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+
+
+def _time_drafter(drafter, cache_len: int, warmup: int, repeats: int, gen: torch.Generator, clock: _Clock) -> float:
+    """Median seconds of one drafter round as the candidate generator runs it: ingest a few accepted rows into
+    the context K/V, one backbone pass over the block, the sequential head with sampling, confidences."""
+    from .heads import sequential_draft
+
+    cfg, dev = drafter.config, drafter.device
+    gamma, m = cfg.block_size, len(cfg.target_layer_ids)
+    feats = torch.randn(1, cache_len, m * cfg.hidden_size, generator=gen).to(dev, drafter.dtype)
+    context = drafter.context_kv(feats, torch.arange(cache_len, device=dev)[None])
+    new = min(cache_len, gamma // 2 + 1)  # a typical round accepts about half the block
+    block_ids = torch.randint(0, cfg.vocab_size, (1, gamma), generator=gen).to(dev)
+    positions = torch.arange(cache_len, cache_len + gamma, device=dev)[None]
+    prefix = block_ids[:, :1]
+    times = []
+    for rep in range(warmup + repeats):
+        t0 = clock.now()
+        kv = drafter.context_kv(feats[:, -new:], torch.arange(cache_len - new, cache_len, device=dev)[None])
+        ctx = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(context, kv)]
+        h = drafter.backbone(drafter.embed(block_ids), positions, ctx)[0]
+        block = sequential_draft(drafter.base_logits(h), h, block_ids[0, 0], drafter.head, drafter.confidence,
+                                 prefix, None, True)
+        if drafter.confidence is not None:
+            drafter.confidence_probs(block.conf_logits).tolist()  # the host sync the scheduler needs
+        t1 = clock.now()
+        if rep >= warmup:
+            times.append(t1 - t0)
+    return statistics.median(times)
+
+
+# ---- printing ---------------------------------------------------------------------------------------------------
+def break_even_survival(profile: DeviceProfile) -> list[float]:
+    """[γ] the prefix survival a_ℓ above which draft ℓ is worth verifying when drafts 1..ℓ-1 are certain to
+    survive: ℓ · (T*(ℓ+1) − T*(ℓ)) / (overhead + T*(ℓ)) on the envelope (token counts). With less certain
+    predecessors the bar is lower (the rule uses 1 + Σ a_j in place of ℓ); a value ≥ 1 means never worth it."""
+    env = monotone_envelope(profile.verify_time)
+    o = profile.round_overhead
+    return [ell * (env[ell] - env[ell - 1]) / (o + env[ell - 1]) for ell in range(1, len(env))]
+
+
+def format_profile(profile: DeviceProfile) -> str:
+    k = profile.key
+    env = monotone_envelope(profile.verify_time)
+    be = break_even_survival(profile)
+    o = profile.round_overhead
+    lines = [
+        f"DSpark device profile: {k.model} [{k.dtype}] on {k.device}, torch {k.torch}",
+        f"  cache {profile.cache_len} tokens; medians of {profile.repeats} after {profile.warmup} warm-up; "
+        f"drafter {profile.draft_time * 1e3:.2f} ms/round, cache roll-back {profile.rollback_time * 1e3:.3f} ms",
+        "  drafts  tokens   T(B) ms  p25-p75 ms    T*(B) ms  run as  rounds/s  break-even a_ℓ",
+    ]
+    for i, t in enumerate(profile.verify_time):
+        iqr = profile.verify_iqr[i] if i < len(profile.verify_iqr) else [float("nan")] * 2
+        pad = pad_length(i, profile.verify_time)
+        lines.append(
+            f"  {i:6d}  {i + 1:6d}  {t * 1e3:8.2f}  {iqr[0] * 1e3:5.1f}-{iqr[1] * 1e3:<5.1f}  {env[i] * 1e3:9.2f}  "
+            f"{pad:6d}  {1 / (o + env[i]):8.1f}  " + ("      -" if i == 0 else f"{be[i - 1]:7.3f}")
+        )
+    lines.append("  (run as: a length is verified as the cheaper longer forward T*(B) = min_{j≥B} T(j); lossless)")
+    return "\n".join(lines)
+
+
+# ---- command line -----------------------------------------------------------------------------------------------
+def add_profile_parser(subparsers):
+    """`hf-dspark profile`: measure (or show the cached) device profile for a target + drafter on this device."""
+    import torch as _torch
+
+    p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
+    p.add_argument("--target", help="model id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", help="drafter folder (default: the shipped drafter; only its shape matters)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
+    p.add_argument("--device", default="cuda" if _torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); part of the key on CPU")
+    p.add_argument("--cache-len", type=int, default=256, help="KV-cache length the forwards run on")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
+    p.add_argument("--output", help="also write the profile JSON here")
+    p.set_defaults(func=cmd_profile)
+    return p
+
+
+def cmd_profile(args) -> int:
+    from .cli import _dtype, load_target_and_drafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
+    path = profile_path(profile_key(model, drafter))
+    if path.exists() and not args.force:
+        profile = load_profile(path, expect=profile_key(model, drafter))
+        print(f"cached profile {path} (use --force to re-measure)")
+    else:
+        profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats)
+        profile.save(path)
+        print(f"saved {path}")
+    if args.output:
+        profile.save(args.output)
+    print(format_profile(profile))
+    return 0

@@ -1,0 +1,88 @@
+"""How many of a round's drafts go to verification: the drafter-level knob `drafter.verify_policy`.
+
+Options live on the drafter (transformers keeps assistant options on the assistant), so `generate()` keeps
+its signature:
+
+    drafter.verify_policy = "all"              # verify every drafted token (default; fixed length γ)
+    drafter.verify_policy = 3                  # static length: verify min(3, drafted) tokens (0 allowed)
+    drafter.verify_policy = ("threshold", .5)  # up to the first position whose calibrated c_k < 0.5 (§4.4)
+    drafter.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile (§6.3)
+    drafter.device_profile = profile           # optional: the DeviceProfile to use (else the cached one for
+                                               # this target/device, measured once on first use)
+
+A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and tests; it must honour the
+non-anticipation rule (docs/scheduler.md), which nothing here can check.
+Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .scheduler import static_threshold_length
+
+DEFAULT = "all"
+
+
+class VerifyPolicy:
+    """The policy of one generate() call, resolved once (profile loaded or measured up front, not mid-decode)."""
+
+    def __init__(self, spec, drafter, target):
+        self.spec, self.drafter = spec, drafter
+        self.profile = None
+        self.needs_confidence = False
+        if callable(spec):
+            self._length: Callable = spec
+            self.needs_confidence = drafter.confidence is not None
+        elif isinstance(spec, str) and spec == "all":
+            self._length = lambda conf, n: n
+        elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+            self._length = lambda conf, n: min(spec, n)
+        elif isinstance(spec, tuple) and len(spec) == 2 and spec[0] == "threshold" and 0 <= float(spec[1]) <= 1:
+            t = float(spec[1])
+            self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
+        elif isinstance(spec, str) and spec == "scheduler":
+            self.profile = _profile_for(drafter, target)
+            self._length, self.needs_confidence = (lambda conf, n: self.profile.verify_length(conf)), True
+        else:
+            raise ValueError(
+                f"drafter.verify_policy must be 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "
+                f"'scheduler' or a callable; got {spec!r}"
+            )
+        if self.needs_confidence and drafter.confidence is None and not callable(spec):
+            raise ValueError(f"verify_policy={spec!r} needs the drafter's confidence head (confidence_head=True)")
+
+    @classmethod
+    def for_drafter(cls, drafter, target) -> "VerifyPolicy":
+        return cls(getattr(drafter, "verify_policy", DEFAULT), drafter, target)
+
+    def length(self, conf_logits: torch.Tensor) -> int:
+        """Raw confidence logits [n] of the drafted positions → ℓ in 0..n. Calibrated c_k = σ(z_k / T_k); c_k was
+        computed before x_k was sampled, and the scheduler's early stop keeps x_k's admission from depending on
+        anything later."""
+        n = int(conf_logits.shape[0])
+        conf = self.drafter.confidence_probs(conf_logits).cpu() if self.needs_confidence else None
+        if callable(self.spec):
+            length = int(self.spec(conf))
+        else:
+            length = int(self._length(conf, n))
+        if not 0 <= length <= n:
+            raise ValueError(f"verify policy {self.spec!r} returned {length} for {n} drafts")
+        return length
+
+
+def _profile_for(drafter, target):
+    from .profile import ProfileMismatchError, get_profile, profile_key
+
+    profile = getattr(drafter, "device_profile", None)
+    if profile is None:
+        return get_profile(target, drafter, measure=True)
+    key = profile_key(target, drafter)
+    if profile.key != key:
+        raise ProfileMismatchError(
+            f"drafter.device_profile was measured for {profile.key}, but this generate runs {key}; "
+            "set drafter.device_profile = None to use (or measure) the profile for this setup"
+        )
+    return profile

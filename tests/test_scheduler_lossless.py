@@ -1,0 +1,129 @@
+"""Losslessness with the scheduler on, end to end through generate(): the goodness-of-fit test of
+test_sampling.py with a cost curve that makes the scheduler truncate often, its negative control (the
+look-ahead search of §6.4 must fail the same test), greedy token identity, and the zero-draft path."""
+
+import pytest
+import torch
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.profile import DeviceProfile, ProfileMismatchError, profile_key
+from hf_dspark.scheduler import _lookahead_length
+from tests.conftest import tiny_target
+from tests.sampling_check import exact_distribution, fit_pvalue, processors, sample_counts
+from tests.test_sampling import ALPHA, N, PROMPT, STEPS, setup
+
+GENTLE = [1.0, 1.5, 1.8, 2.0]  # Θ_1 > Θ_0 iff a_1 > .5: every length 0..3 gets chosen
+COUNTER = [1.0, 2.0, 1 / 0.45, 1 / 0.43]  # the §6.4 curve: only a look-ahead ever verifies anything
+
+
+def synthetic_profile(model, drafter, verify_time) -> DeviceProfile:
+    return DeviceProfile(key=profile_key(model, drafter), verify_time=list(verify_time), draft_time=0.0,
+                         rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
+
+
+def spread_confidence(drafter):
+    """Random confidence weights of unit scale: c_k spreads over (0, 1) and depends strongly on x_{k-1}."""
+    with torch.no_grad():
+        drafter.confidence.proj.weight.normal_(0.0, 1.0)
+        drafter.confidence.proj.bias.zero_()
+
+
+def scheduled_setup(policy, verify_time=GENTLE):
+    model, drafter = setup(head="markov")
+    spread_confidence(drafter)
+    drafter.device_profile = synthetic_profile(model, drafter, verify_time)
+    drafter.verify_policy = policy
+    return model, drafter
+
+
+def test_sampling_exact_with_scheduler():
+    model, drafter = scheduled_setup("scheduler")
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
+    lengths = drafter.last_stats.verify_lengths
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"scheduled speculative samples deviate from the target's law (p={p:.2e})"
+    # over one generate the scheduler must both truncate and admit (the last call has only a few rounds)
+    counts = {}
+    torch.manual_seed(0)
+    for _ in range(30):
+        model.generate(PROMPT, do_sample=True, max_new_tokens=STEPS, assistant_model=drafter)
+        for k, v in drafter.last_stats.verify_lengths.items():
+            counts[k] = counts.get(k, 0) + v
+    assert counts.get(0, 0) > 0 and sum(v for k, v in counts.items() if k > 0) > 0, (counts, lengths)
+
+
+N_GATE = 400
+
+
+def gated_setup(policy, verify_time):
+    """The §6.4 counterexample inside a real drafter: a near-uniform target and drafter (so drafts are mostly
+    accepted) and a confidence c_k = 1[x_{k-1} ∈ G] (G = tokens 0..5) through W1, so c_{k+1} reveals x_k."""
+    model = tiny_target(vocab=8, hidden=16, layers=3, heads=2, kv_heads=1, seed=0)
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 1], markov_rank=4, mask_token_id=7)
+    d = drafter.config.hidden_size
+    with torch.no_grad():
+        drafter.confidence.proj.weight.zero_()
+        drafter.confidence.proj.weight[0, d] = 20.0  # reads W1[x_{k-1}][0] only
+        drafter.confidence.proj.bias.zero_()
+        drafter.head.W1.weight[:, 0] = torch.tensor([1.0] * 6 + [-1.0] * 2)
+    drafter.device_profile = synthetic_profile(model, drafter, verify_time)
+    drafter.verify_policy = policy
+    return model, drafter
+
+
+@pytest.mark.parametrize(
+    "name, policy, curve, lossless",
+    [
+        ("scheduler", "scheduler", GENTLE, True),
+        ("lookahead", lambda conf: _lookahead_length(conf, COUNTER), COUNTER, False),
+    ],
+    ids=["scheduler", "lookahead"],
+)
+def test_lookahead_negative_control(name, policy, curve, lossless):
+    """Keeping x_1 when c_2(x_1) is high and re-drawing it from the target otherwise favours G: the look-ahead
+    search (no early stop) must fail the goodness-of-fit test that the early-stopped scheduler passes."""
+    model, drafter = gated_setup(policy, curve)
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    p = fit_pvalue(sample_counts(model, drafter, PROMPT, STEPS, N_GATE, seed=123), exact)
+    if lossless:
+        assert p >= ALPHA, f"{name}: samples deviate from the target's law (p={p:.2e})"
+    else:
+        assert p < ALPHA, f"the goodness-of-fit test failed to reject the look-ahead scheduler (p={p:.2e})"
+
+
+@pytest.mark.parametrize("policy", ["scheduler", 0, 1, ("threshold", 0.5)])
+def test_greedy_identity_with_verify_policies(policy):
+    model = tiny_target()
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
+    spread_confidence(drafter)
+    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    drafter.verify_policy = policy
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
+    spec = model.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+    st = drafter.last_stats
+    assert sum(r.committed for r in st.rounds) + 1 == st.new_tokens == 40  # zero-draft rounds commit one token
+    if policy == 0:
+        assert set(st.verify_lengths) == {0}
+
+
+def test_profile_of_another_setup_is_refused():
+    model, drafter = setup()
+    other = tiny_target(vocab=8, hidden=16, layers=3, heads=2, kv_heads=1, seed=0, logit_scale=6.0)
+    other.config.num_hidden_layers = 4  # another model shape → another key
+    prof = synthetic_profile(model, drafter, GENTLE)
+    prof.key = profile_key(other, drafter)
+    drafter.device_profile, drafter.verify_policy = prof, "scheduler"
+    with pytest.raises(ProfileMismatchError):
+        model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
+
+
+def test_bad_policy_is_an_error():
+    model, drafter = setup()
+    drafter.verify_policy = "sometimes"
+    with pytest.raises(ValueError, match="verify_policy"):
+        model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
