@@ -231,6 +231,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.observer = DSparkLogitsProcessor()
         logits_processor.append(self.observer)
         self.block_size = cfg.block_size
+        self.vocab, self.lm_rows, self.w2_rows = drafter.draft_weights()  # pruned-vocabulary rows, gathered once
         self.mask_ids = torch.full((1, cfg.block_size - 1), cfg.mask_token_id, dtype=torch.long, device=drafter.device)
         self.context_kv: list | None = None  # per drafter layer (k, v) [1, n_kv, ctx_len, hd]
         self.ctx_len = 0
@@ -259,8 +260,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         positions = torch.arange(cur_len - 1, cur_len - 1 + self.block_size, device=dr.device)[None]
         h = dr.backbone(dr.embed(block_ids), positions, self.context_kv)[0, :n]
         block = sequential_draft(
-            dr.base_logits(h), h, input_ids[0, -1].to(dr.device), dr.head, dr.confidence,
+            dr.base_logits(h, self.lm_rows), h, input_ids[0, -1].to(dr.device), dr.head, dr.confidence,
             input_ids, self.draft_processor, self.do_sample,
+            vocab=self.vocab, w2=self.w2_rows, vocab_size=dr.config.vocab_size,
         )
         length = self.verify_policy.length(block.conf_logits)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)

@@ -53,6 +53,9 @@ class DSparkConfig(PretrainedConfig):
         confidence_temperatures (`list[float]`): per-position temperatures fitted by
             `hf-dspark calibrate` (sequential temperature scaling); 1.0 = uncalibrated.
         qk_norm (`bool`, defaults to True): per-head RMSNorm on queries/keys (Qwen3-style drafter layers).
+        draft_vocab_size (`int`, *optional*): if set, drafts come from a pruned vocabulary of this many token
+            ids (stored as the `draft_vocab` tensor): the drafter's LM-head rows over 49k tokens dominate its
+            cost on CPU, and q = 0 outside the subset keeps sampling exact. None = the full vocabulary.
         target_model_type / target_num_hidden_layers: what the drafter was built for (checked at bind).
         Every other field (`hidden_size`, `vocab_size`, RoPE, ...) is copied from the target.
     """
@@ -70,6 +73,7 @@ class DSparkConfig(PretrainedConfig):
         confidence_head: bool = True,
         confidence_temperatures: list[float] | None = None,
         qk_norm: bool = True,
+        draft_vocab_size: int | None = None,
         target_model_type: str | None = None,
         target_num_hidden_layers: int | None = None,
         vocab_size: int = 49152,
@@ -99,6 +103,7 @@ class DSparkConfig(PretrainedConfig):
             list(confidence_temperatures) if confidence_temperatures is not None else [1.0] * block_size
         )
         self.qk_norm = qk_norm
+        self.draft_vocab_size = draft_vocab_size
         self.target_model_type = target_model_type
         self.target_num_hidden_layers = target_num_hidden_layers
         self.vocab_size = vocab_size
@@ -130,6 +135,8 @@ class DSparkConfig(PretrainedConfig):
             )
         if any(not t > 0 for t in self.confidence_temperatures):
             raise ValueError(f"confidence_temperatures must be > 0, got {self.confidence_temperatures}")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
         ids = self.target_layer_ids
         if ids is not None and (not ids or any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < -1):
             raise ValueError(f"target_layer_ids must be strictly increasing ids >= -1, got {ids}")

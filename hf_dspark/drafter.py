@@ -109,6 +109,10 @@ class DSparkDrafter(PreTrainedModel):
         self.head = build_head(config)
         rank = config.markov_rank if self.head is not None else 0
         self.confidence = ConfidenceHead(d + rank) if config.confidence_head else None
+        if config.draft_vocab_size is not None:  # the pruned draft vocabulary, saved with the weights
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
+        else:
+            self.draft_vocab = None
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.last_stats = None
         self.post_init()
@@ -177,14 +181,42 @@ class DSparkDrafter(PreTrainedModel):
         """Token ids [B, Q] → the target's (frozen) input embeddings [B, Q, d]."""
         return self.target.get_input_embeddings()(ids).to(self.dtype)
 
-    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Backbone output h [..., d] → base logits U [..., V] in float32, through the target's LM head."""
-        head = self.target.get_output_embeddings()
-        logits = head(h.to(head.weight.dtype)).float()
+    def base_logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Backbone output h [..., d] → base logits U [..., V] in float32, through the target's LM head
+        (or through `weight` [V', d], rows of it for a pruned draft vocabulary → [..., V'])."""
+        if weight is None:
+            weight = self.target.get_output_embeddings().weight
+        logits = torch.nn.functional.linear(h.to(weight.dtype), weight).float()
         cap = getattr(self.target.config.get_text_config(), "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def set_draft_vocab(self, token_ids) -> "DSparkDrafter":
+        """Draft from these token ids only (e.g. the most frequent ones in the target's own answers; include EOS).
+        Lossless for any subset: q is 0 outside it. Pass None to draft from the full vocabulary again."""
+        if token_ids is None:
+            self.config.draft_vocab_size, self.draft_vocab = None, None
+            self._buffers.pop("draft_vocab", None)
+            return self
+        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()  # sorted, no duplicates
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary ids must be in [0, {self.config.vocab_size})")
+        self._buffers.pop("draft_vocab", None)
+        self.__dict__.pop("draft_vocab", None)
+        self.register_buffer("draft_vocab", ids.to(self.fc.weight.device))
+        self.config.draft_vocab_size = int(ids.numel())
+        return self
+
+    def draft_weights(self):
+        """(vocab [V'] or None, LM-head rows [V', d], W2 rows [V', r] or None) for drafting: gathered once per
+        generate() call, so a pruned vocabulary costs V'/V of the full LM-head and Markov matmuls."""
+        head = self.target.get_output_embeddings().weight
+        w2 = self.head.W2.weight if self.head is not None else None
+        if self.draft_vocab is None:
+            return None, head, w2
+        vocab = self.draft_vocab.to(head.device)
+        return vocab, head[vocab].contiguous(), (w2[vocab].contiguous() if w2 is not None else None)
 
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated taps [B, n, m·d] (order of target_layer_ids) → context [B, n, d]."""

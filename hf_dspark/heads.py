@@ -22,10 +22,15 @@ class MarkovHead(nn.Module):
         self.W1 = nn.Embedding(vocab_size, rank)
         self.W2 = nn.Linear(rank, vocab_size, bias=False)
 
+    def pre_bias(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        """prev_ids [...], h [..., d] → (u [..., r] with B = W2·u, prev embedding W1[prev] [..., r], state)."""
+        e = self.W1(prev_ids)
+        return e, e, state
+
     def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
         """prev_ids [...], h [..., d] → (bias [..., V], prev embedding W1[prev] [..., r], state)."""
-        e = self.W1(prev_ids)
-        return self.W2(e), e, state
+        u, e, state = self.pre_bias(prev_ids, h, state)
+        return self.W2(u), e, state
 
     def block(self, prev_ids: torch.Tensor, h: torch.Tensor):
         """Teacher-forced, all positions at once: prev_ids [B, γ], h [B, γ, d] → bias [B, γ, V], emb [B, γ, r]."""
@@ -43,14 +48,19 @@ class RNNHead(nn.Module):
         self.joint = nn.Linear(2 * rank + hidden_size, 3 * rank)
         self.W2 = nn.Linear(rank, vocab_size, bias=False)
 
-    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+    def pre_bias(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        """→ (u = tanh(o) [..., r] with B = W2·u, W1[prev] [..., r], new state [..., r])."""
         e = self.W1(prev_ids)
         if state is None:
             state = e.new_zeros(e.shape)
         g, c, o = self.joint(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(g)
         new_state = gate * state + (1 - gate) * torch.tanh(c)
-        return self.W2(torch.tanh(o)), e, new_state
+        return torch.tanh(o), e, new_state
+
+    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        u, e, state = self.pre_bias(prev_ids, h, state)
+        return self.W2(u), e, state
 
     def block(self, prev_ids: torch.Tensor, h: torch.Tensor):
         state, biases, embs = None, [], []
@@ -104,12 +114,19 @@ def sequential_draft(
     prefix_ids: torch.Tensor,
     processor: Processor | None,
     do_sample: bool,
+    vocab: torch.Tensor | None = None,
+    w2: torch.Tensor | None = None,
+    vocab_size: int | None = None,
 ) -> DraftBlock:
     """The reference left-to-right loop: x_k ~ processor(U_k + B_k(x_{k-1})).
 
-    base_logits [n, V] float32 (U_k), hidden [n, d] (h_k), anchor: 0-dim long (x_0), prefix_ids [1, cur_len]
+    base_logits [n, V'] float32 (U_k), hidden [n, d] (h_k), anchor: 0-dim long (x_0), prefix_ids [1, cur_len]
     (the sequence so far; processors see prefix + drafts as the target's processors will), processor: the
     target's logits processors (temperature, top-k/p, penalties...) so q is what the tokens are drawn from.
+
+    Draft vocabulary: with `vocab` [V'] (token ids) the logits cover only those tokens, `w2` [V', r] holds the
+    matching rows of the head's W2, and q is 0 elsewhere (logits -inf), which keeps rejection sampling exact:
+    q is still exactly what the tokens are drawn from. `vocab_size` is the full V for the returned logits.
     """
     n = base_logits.shape[0]
     prev, state = anchor.view(1), None
@@ -119,10 +136,12 @@ def sequential_draft(
         z = base_logits[k : k + 1]
         emb = None
         if head is not None:
-            bias, emb, state = head.step(prev, hidden[k : k + 1], state)
-            z = z + bias.float()
+            u, emb, state = head.pre_bias(prev, hidden[k : k + 1], state)
+            z = z + (u @ (head.W2.weight.T if w2 is None else w2.T)).float()
         if confidence is not None:
             confs.append(confidence(hidden[k : k + 1], emb).float())
+        if vocab is not None:  # back to full-vocabulary ids: processors and the verifier work there
+            z = torch.full((1, vocab_size), float("-inf"), device=z.device).index_copy_(1, vocab, z)
         if processor is not None:
             z = processor(seq, z)
         if do_sample:

@@ -17,14 +17,14 @@ def oracle_drafts(reference: torch.Tensor, p_right: float = 0.7, seed: int = 0):
     real = candidate.sequential_draft
     gen = torch.Generator().manual_seed(seed)
 
-    def patched(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample):
-        block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample)
+    def patched(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw):
+        block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw)
         start = prefix_ids.shape[1]
         for k in range(len(block.tokens)):
             pos = start + k
             right = reference[0, pos] if pos < reference.shape[1] else block.tokens[k]
             ok = torch.rand((), generator=gen) < p_right
-            block.tokens[k] = right if ok else (right + 1) % base_logits.shape[-1]
+            block.tokens[k] = right if ok else (right + 1) % block.logits.shape[-1]
         return block
 
     candidate.sequential_draft = patched

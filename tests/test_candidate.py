@@ -239,3 +239,23 @@ def test_logits_processor_leaves_scores_bit_identical():
     out = obs(torch.tensor([[1, 2]]), scores)
     assert out is scores and torch.equal(out, before)
     assert set(obs.target_probs) == {1} and 0 < obs.target_probs[1] < 1
+
+
+@pytest.mark.parametrize("head", ["markov", "rnn"])
+def test_pruned_draft_vocabulary_keeps_greedy_identity(llama, head):
+    drafter = drafter_for(llama, head)
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
+    drafter.set_draft_vocab(free[0].unique().tolist()[::2])  # half of the tokens it will need: many misses
+    assert drafter.config.draft_vocab_size == len(drafter.draft_vocab)
+    assert_identical(llama, drafter, oracle=False, max_new_tokens=40)
+    st = drafter.last_stats
+    drafted = {t for r in st.rounds for t in r.tokens}
+    assert drafted <= set(drafter.draft_vocab.tolist())
+
+
+def test_pruned_draft_vocabulary_round_trips(llama, tmp_path):
+    drafter = drafter_for(llama)
+    drafter.set_draft_vocab([9, 3, 3, 40, 7])
+    drafter.save_pretrained(tmp_path)
+    again = DSparkDrafter.from_pretrained(tmp_path, target=llama)
+    assert again.draft_vocab.tolist() == [3, 7, 9, 40] and again.config.draft_vocab_size == 4

@@ -18,11 +18,13 @@ PROMPT = torch.tensor([[1, 5, 2]])
 ALPHA = 0.01
 
 
-def setup(head="markov", block=3, seed=0):
+def setup(head="markov", block=3, seed=0, draft_vocab=None):
     model = tiny_target(vocab=V, hidden=16, layers=3, heads=2, kv_heads=1, seed=seed, logit_scale=6.0)
     torch.manual_seed(seed + 1)
     drafter = DSparkDrafter.from_target(model, block_size=block, target_layer_ids=[0, 1], head_type=head,
                                         markov_rank=4, mask_token_id=V - 1)
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(draft_vocab)
     if drafter.head is not None:  # a strong sequential bias, so q differs a lot from the base logits
         with torch.no_grad():
             for p in drafter.head.parameters():
@@ -35,6 +37,7 @@ CASES = {
     "temperature0.7-topk4": (dict(head="markov"), dict(temperature=0.7, top_k=4)),
     "topp0.8-rnn": (dict(head="rnn"), dict(top_p=0.8)),
     "repetition-penalty-none-head": (dict(head="none", block=4), dict(repetition_penalty=1.5)),
+    "pruned-draft-vocab-topk5": (dict(head="markov", draft_vocab=[0, 2, 3, 5, 6]), dict(top_k=5)),
 }
 
 
@@ -54,8 +57,8 @@ def q_without_markov_bias():
     """A deliberately wrong sampler: tokens are drawn from softmax(U + B) but the verifier is told q = softmax(U)."""
     real = candidate.sequential_draft
 
-    def wrong(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample):
-        block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample)
+    def wrong(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw):
+        block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw)
         block.logits = base_logits[: len(block.tokens)].clone()
         return block
 
