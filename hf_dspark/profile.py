@@ -258,14 +258,15 @@ def _time_drafter(drafter, cache_len: int, warmup: int, repeats: int, gen: torch
     block_ids = torch.randint(0, cfg.vocab_size, (1, gamma), generator=gen).to(dev)
     positions = torch.arange(cache_len, cache_len + gamma, device=dev)[None]
     prefix = block_ids[:, :1]
+    vocab, lm_rows, w2_rows = drafter.draft_weights()  # a pruned draft vocabulary is part of the drafter's cost
     times = []
     for rep in range(warmup + repeats):
         t0 = clock.now()
         kv = drafter.context_kv(feats[:, -new:], torch.arange(cache_len - new, cache_len, device=dev)[None])
         ctx = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(context, kv)]
         h = drafter.backbone(drafter.embed(block_ids), positions, ctx)[0]
-        block = sequential_draft(drafter.base_logits(h), h, block_ids[0, 0], drafter.head, drafter.confidence,
-                                 prefix, None, True)
+        block = sequential_draft(drafter.base_logits(h, lm_rows), h, block_ids[0, 0], drafter.head, drafter.confidence,
+                                 prefix, None, True, vocab=vocab, w2=w2_rows, vocab_size=cfg.vocab_size)
         if drafter.confidence is not None:
             drafter.confidence_probs(block.conf_logits).tolist()  # the host sync the scheduler needs
         t1 = clock.now()

@@ -126,3 +126,11 @@ def test_cli_profile(tmp_path, capsys, char_tokenizer):
     assert "saved" in out and "break-even" in out
     assert cli.main(argv) == 0 and "cached profile" in capsys.readouterr().out
     assert load_profile(tmp_path / "out.json").block_size == 7
+
+
+def test_pruned_draft_vocabulary_is_timed_and_keyed(pair):
+    model, drafter = pair
+    full = profile_key(model, drafter)
+    drafter.set_draft_vocab(range(16))
+    assert profile_key(model, drafter) != full
+    assert measure_profile(model, drafter, cache_len=8, warmup=0, repeats=1).draft_time > 0
