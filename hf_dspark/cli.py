@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     # Other subcommands register themselves here (one line each).
     from .training import data as _data; _data.add_parser(sub)  # noqa: E702
     from . import profile as _profile; _profile.add_profile_parser(sub)  # noqa: E702
+    from .training import trainer as _train; _train.add_parser(sub)  # noqa: E702
+    from . import calibration as _calib; _calib.add_parser(sub)  # noqa: E702
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1,0 +1,205 @@
+"""`hf-dspark calibrate`: sequential temperature scaling (STS) of the confidence head (§4.3).
+
+From rounds of real, fixed-length speculative decoding on held-out prompts we take, per drafted position k,
+the raw confidence logit z_k and the prefix-survival label y_k = 1[first k drafts all accepted]. Position by
+position (k = 1..γ, earlier temperatures fixed) a 1-D grid search picks T_k minimising the ECE of the
+cumulative prediction â_k = Π_{i≤k} σ(z_i / T_i) against y_k. Scaling by T_k > 0 is monotone, so the
+ranking of scores (AUROC) at each position is unchanged.
+
+Shapes: R rounds, γ positions. `z`, `y`, `valid` are [R, γ]; `valid` marks positions that were verified
+and not past an accepted stop (those carry no label).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+
+GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
+
+
+def ece(pred: np.ndarray, label: np.ndarray, bins: int = 20) -> float:
+    """Expected calibration error: 20 equal-width bins on [0, 1], Σ (n_bin/N)·|mean pred − mean label|."""
+    pred, label = np.asarray(pred, dtype=np.float64), np.asarray(label, dtype=np.float64)
+    if pred.size == 0:
+        return float("nan")
+    idx = np.minimum((pred * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        sel = idx == b
+        if sel.any():
+            total += sel.sum() / pred.size * abs(pred[sel].mean() - label[sel].mean())
+    return float(total)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def cumulative(z: np.ndarray, temps) -> np.ndarray:
+    """[R, γ] raw logits → â [R, γ] = running product of σ(z_k / T_k), in float64."""
+    return np.cumprod(_sigmoid(np.asarray(z, np.float64) / np.asarray(temps, np.float64)), axis=1)
+
+
+def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = GRID) -> list[float]:
+    """Sequential temperature scaling → [γ] temperatures. A position with no labelled rounds keeps T = 1."""
+    z, y, valid = np.asarray(z, np.float64), np.asarray(y, np.float64), np.asarray(valid, bool)
+    gamma = z.shape[1]
+    temps: list[float] = []
+    prefix = np.ones(z.shape[0])
+    for k in range(gamma):
+        v = valid[:, k]
+        if not v.any():
+            temps.append(1.0)
+        else:
+            errs = [ece(prefix[v] * _sigmoid(z[v, k] / t), y[v, k]) for t in grid]
+            temps.append(float(grid[int(np.argmin(errs))]))
+        prefix = prefix * _sigmoid(z[:, k] / temps[-1])
+    return temps
+
+
+def ece_per_position(z, y, valid, temps) -> list[float]:
+    a = cumulative(z, temps)
+    return [ece(a[valid[:, k], k], y[valid[:, k], k]) for k in range(a.shape[1])]
+
+
+def rounds_to_arrays(rounds, block_size: int, temps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DSparkStats.rounds → z, y, valid [R, γ]. Round.confidence holds σ(z/T) with the drafter's temperatures
+    at decoding time (`temps`), so z = T·logit(c). A round without a bonus token ended on a stop or the length
+    limit: its positions past the accepted ones carry no label and are dropped."""
+    R = len(rounds)
+    z, y, valid = np.zeros((R, block_size)), np.zeros((R, block_size)), np.zeros((R, block_size), bool)
+    eps = 1e-7
+    for i, r in enumerate(rounds):
+        c = np.clip(np.asarray(r.confidence[:block_size], np.float64), eps, 1 - eps)
+        n = min(len(c), r.verified)
+        z[i, : len(c)] = np.asarray(temps[: len(c)]) * np.log(c / (1 - c))
+        last = n if r.committed > r.accepted else min(n, r.accepted)
+        valid[i, :last] = True
+        y[i, : r.accepted] = 1.0
+    return z, y, valid
+
+
+def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 20) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gamma = z.shape[1]
+    fig, axes = plt.subplots(1, gamma, figsize=(2.6 * gamma, 2.9), sharey=True)
+    axes = np.atleast_1d(axes)
+    for k, ax in enumerate(axes):
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+        for temps, name, color in ((before, "before", "tab:red"), (after, "after", "tab:blue")):
+            a = cumulative(z, temps)[valid[:, k], k]
+            lab = y[valid[:, k], k]
+            idx = np.minimum((a * bins).astype(int), bins - 1)
+            xs = [a[idx == b].mean() for b in range(bins) if (idx == b).any()]
+            ys = [lab[idx == b].mean() for b in range(bins) if (idx == b).any()]
+            ax.plot(xs, ys, "o-", ms=3, color=color, label=f"{name} ECE {ece(a, lab):.3f}")
+        ax.set_title(f"position {k + 1}")
+        ax.set_xlabel("predicted prefix survival")
+        ax.legend(fontsize=6, loc="upper left")
+    axes[0].set_ylabel("observed prefix survival")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- collecting rounds ---------------------------------------------------------------------------------
+def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int, temperature: float, seed: int = 0):
+    """Fixed-length speculative decoding (full γ verified every round) → all rounds of all prompts."""
+    import torch
+    from tqdm.auto import tqdm
+
+    rounds = []
+    torch.manual_seed(seed)
+    sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else dict(do_sample=False)
+    for p in tqdm(prompts, desc="calibration prompts"):
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt",
+                                      return_dict=True)
+        model.generate(**ids.to(model.device), assistant_model=drafter, max_new_tokens=max_new_tokens, **sampling)
+        rounds.extend(drafter.last_stats.rounds)
+    return rounds
+
+
+def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed: int, eval_files=()) -> list[str]:
+    """Prompts from `files` whose ids are not in any `exclude_data` JSONL (training data), shuffled and cut."""
+    from .training.data import check_excluded, done_ids, read_prompts
+
+    used = set().union(*[done_ids(Path(f)) for f in exclude_data]) if exclude_data else set()
+    prompts = [p for f in files for p in read_prompts(f) if p["id"] not in used]
+    check_excluded(prompts, list(eval_files))
+    random.Random(seed).shuffle(prompts)
+    return [p["prompt"] for p in prompts[:limit]]
+
+
+def calibrate(drafter, rounds, plot: str | Path | None = None) -> dict:
+    """Fit STS on `rounds`, write the temperatures into drafter.config; returns the report."""
+    gamma = drafter.config.block_size
+    old = list(drafter.config.confidence_temperatures)
+    z, y, valid = rounds_to_arrays(rounds, gamma, old)
+    ones = [1.0] * gamma
+    temps = fit_sts(z, y, valid)
+    report = {
+        "rounds": len(rounds),
+        "labelled_per_position": valid.sum(0).tolist(),
+        "prefix_survival_rate": [float(y[valid[:, k], k].mean()) if valid[:, k].any() else None for k in range(gamma)],
+        "ece_before": ece_per_position(z, y, valid, ones),
+        "ece_after": ece_per_position(z, y, valid, temps),
+        "temperatures": temps,
+    }
+    drafter.config.confidence_temperatures = temps
+    if plot:
+        reliability_plot(z, y, valid, ones, temps, plot)
+    return report
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------
+def add_parser(subparsers):
+    p = subparsers.add_parser("calibrate", help="fit per-position confidence temperatures (STS) on held-out rounds")
+    p.add_argument("drafter", help="drafter folder; the fitted temperatures are saved into it (or --output)")
+    p.add_argument("prompts", nargs="+", help="held-out prompt JSONL files ({'turns': [...]})")
+    p.add_argument("--exclude-data", nargs="*", default=[], help="training data JSONL: their prompt ids are skipped")
+    p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files: refuse overlapping prompts")
+    p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--limit", type=int, default=40, help="number of held-out prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature to calibrate for (0 = greedy)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("-o", "--output", default=None, help="save the calibrated drafter here instead of in place")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    import torch
+
+    from .drafter import DSparkDrafter
+    from .training.trainer import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_target(args.target)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
+    if drafter.confidence is None:
+        raise SystemExit("this drafter has no confidence head (head_type 'none'): nothing to calibrate")
+    prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude)
+    rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)
+    out = Path(args.output or args.drafter)
+    out.mkdir(parents=True, exist_ok=True)
+    report = calibrate(drafter, rounds, plot=out / "reliability.png")
+    report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    drafter.save_pretrained(out)
+    (out / "calibration.json").write_text(json.dumps(report, indent=2))
+    print(f"{report['rounds']} rounds from {len(prompts)} prompts")
+    for k, (b, a, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["temperatures"])):
+        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (T = {t:.3f})")
+    print(f"saved the calibrated drafter to {out}; reliability plot {out / 'reliability.png'}")
+    return 0

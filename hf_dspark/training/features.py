@@ -1,0 +1,80 @@
+"""Frozen-target features for training, through the same channel as inference (§5.2, §8.7–8.8).
+
+Tapped features are the raw outputs of the tapped layers, read exactly as the candidate generator reads
+them at inference (`output_hidden_states=[i+1 for i in taps]`, then `hidden_states[i+1]`); the target
+distribution comes from the FINAL-NORMED last hidden state through the LM head. Features are computed on
+the fly, or cached per sequence on disk (bf16 safetensors) for small multi-epoch runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def base_model(target):
+    """The decoder stack without the LM head (its output is final-normed)."""
+    return target.get_decoder() if hasattr(target, "get_decoder") else target.model
+
+
+@torch.no_grad()
+def target_features(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, taps: list[int]):
+    """input_ids/attention_mask [B, n] (right padded) → (features [B, n, m·d], last_hidden [B, n, d]).
+
+    features = concat over taps of layer i's raw output (hidden_states[i+1]); last_hidden is final-normed,
+    so LMHead(last_hidden[:, t]) is the target's next-token distribution after token t.
+    """
+    out = base_model(target)(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=[i + 1 for i in taps], use_cache=False
+    )
+    hs = out.hidden_states
+    feats = torch.cat([hs[i + 1] for i in taps], dim=-1)
+    return feats, out.last_hidden_state
+
+
+class FeatureSource:
+    """Features for a batch of sequences: computed online, or read from / written to a per-sequence disk cache.
+
+    The cache stores each sequence unpadded under `<cache_dir>/<key>.safetensors` in bf16 (≈2·(m+1)·d bytes per
+    token), so a cached feature set is reused across epochs and by resumed runs.
+    """
+
+    def __init__(self, target, taps: list[int], cache_dir: str | Path | None = None):
+        self.target, self.taps = target, list(taps)
+        self.cache = Path(cache_dir) if cache_dir else None
+        if self.cache:
+            self.cache.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.cache / (key.replace("/", "_").replace(":", "_") + ".safetensors")
+
+    def __call__(self, keys: list[str], input_ids: torch.Tensor, lengths: torch.Tensor):
+        """keys [B] sequence ids, input_ids [B, n] right padded, lengths [B] → (features, last_hidden) float32."""
+        B, n = input_ids.shape
+        device = input_ids.device
+        attn = (torch.arange(n, device=device)[None] < lengths[:, None]).long()
+        if self.cache is None:
+            f, h = target_features(self.target, input_ids, attn, self.taps)
+            return f.float(), h.float()
+        missing = [b for b, k in enumerate(keys) if not self._path(k).exists()]
+        if missing:
+            idx = torch.tensor(missing, device=device)
+            width = int(lengths[idx].max())
+            f, h = target_features(self.target, input_ids[idx, :width], attn[idx, :width], self.taps)
+            for j, b in enumerate(missing):
+                L = int(lengths[b])
+                save_file({"features": f[j, :L].to(torch.bfloat16).contiguous(),
+                           "last_hidden": h[j, :L].to(torch.bfloat16).contiguous()}, str(self._path(keys[b])))
+        feats = torch.zeros(B, n, len(self.taps) * self._width(), device=device)
+        last = torch.zeros(B, n, self._width(), device=device)
+        for b, k in enumerate(keys):
+            t = load_file(str(self._path(k)))
+            L = t["features"].shape[0]
+            feats[b, :L] = t["features"].float()
+            last[b, :L] = t["last_hidden"].float()
+        return feats, last
+
+    def _width(self) -> int:
+        return self.target.config.get_text_config().hidden_size

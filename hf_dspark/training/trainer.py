@@ -1,0 +1,296 @@
+"""`hf-dspark train`: train a DSpark drafter for a frozen target on target-regenerated data (§5).
+
+Built on `accelerate`: the same command runs single-process or under `accelerate launch` (each process takes
+its share of every global batch; loss denominators are all-reduced, so gradients equal the single-process
+ones on the same global batch). AdamW, linear warmup + cosine, global-norm clipping, safetensors drafter
+checkpoints, resumable from `<out>/state`, and simulated τ on a held-out validation split.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..drafter import DSparkDrafter
+from .anchors import sample_blocks
+from .features import FeatureSource
+from .losses import LossWeights, combine, weighted_sums
+from .objective import DraftObjective, simulated_tau
+
+
+# ---- data ----------------------------------------------------------------------------------------------
+def load_records(path: str | Path, max_length: int = 512, min_response: int = 2) -> list[dict]:
+    """JSONL from `hf-dspark data` → [{"id", "ids": prompt+response ids, "n_prompt"}], truncated to max_length."""
+    recs = []
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by an interrupted writer
+            ids = (r["prompt_ids"] + r["response_ids"])[:max_length]
+            if len(ids) - len(r["prompt_ids"]) >= min_response:
+                recs.append({"id": r["id"], "ids": ids, "n_prompt": len(r["prompt_ids"])})
+    return recs
+
+
+def split(records: list[dict], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
+    recs = sorted(records, key=lambda r: r["id"])
+    random.Random(seed).shuffle(recs)
+    return recs[val_size:], recs[:val_size]
+
+
+def collate(recs: list[dict], pad_id: int):
+    """→ ids, loss_mask [B, n] right padded (mask = response tokens), lengths [B], keys."""
+    n = max(len(r["ids"]) for r in recs)
+    ids = torch.full((len(recs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(recs), n, dtype=torch.long)
+    for b, r in enumerate(recs):
+        ids[b, : len(r["ids"])] = torch.tensor(r["ids"])
+        mask[b, r["n_prompt"] : len(r["ids"])] = 1
+    return ids, mask, torch.tensor([len(r["ids"]) for r in recs]), [r["id"] for r in recs]
+
+
+def _generators(keys: list[str], seed: int, epoch: int) -> list[torch.Generator]:
+    """One generator per sequence, seeded by (seed, epoch, id): anchors do not depend on the process split."""
+    return [torch.Generator().manual_seed(hash_id(k) * 1_000_003 + seed * 7919 + epoch) for k in keys]
+
+
+def hash_id(key: str) -> int:
+    h = 0
+    for ch in key:
+        h = (h * 131 + ord(ch)) % (2**31 - 1)
+    return h
+
+
+# ---- schedule --------------------------------------------------------------------------------------------
+def lr_lambda(total: int, warmup_frac: float = 0.04):
+    warmup = max(1, int(round(warmup_frac * total)))
+
+    def f(t: int) -> float:
+        if t < warmup:
+            return (t + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (t - warmup) / max(1, total - warmup))))
+
+    return f
+
+
+# ---- training --------------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    data: str
+    output_dir: str
+    target: str | None = None
+    head: str = "markov"
+    num_layers: int = 2
+    taps: list[int] | None = None
+    markov_rank: int = 64
+    block_size: int = 7
+    mask_token_id: int | None = None
+    batch_size: int = 8  # sequences per optimizer step (global)
+    num_anchors: int = 32  # blocks per sequence per step
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup: float = 0.04
+    clip: float = 1.0
+    epochs: float = 1.0
+    max_steps: int | None = None
+    max_length: int = 512
+    val_size: int = 32
+    eval_every: int = 50
+    save_every: int = 100
+    cache_dir: str | None = None
+    seed: int = 0
+    threads: int | None = None
+    log_every: int = 1
+
+
+def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
+    over = dict(block_size=cfg.block_size, num_hidden_layers=cfg.num_layers, head_type=cfg.head,
+                markov_rank=cfg.markov_rank, confidence_head=cfg.head != "none")
+    if cfg.taps:
+        over["target_layer_ids"] = list(cfg.taps)
+    if cfg.mask_token_id is not None:
+        over["mask_token_id"] = cfg.mask_token_id
+    return DSparkDrafter.from_target(target, **over)
+
+
+def load_target(path: str | None):
+    if path is None:
+        from ..models import load_default_target
+
+        return load_default_target(dtype=torch.float32)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..candidate import enable
+
+    return enable(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()), AutoTokenizer.from_pretrained(path)
+
+
+def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, accelerator=None) -> dict:
+    """Train a drafter; returns {"drafter", "history", "final_val"}. `target`/`records` may be passed in
+    (tests) instead of loaded from cfg.target / cfg.data."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    set_seed(cfg.seed)
+    if target is None:
+        target, _ = load_target(cfg.target)
+    target.requires_grad_(False)
+    target.to(acc.device)
+    pad_id = target.generation_config.pad_token_id or 0
+    records = records if records is not None else load_records(cfg.data, cfg.max_length)
+    train_recs, val_recs = split(records, cfg.val_size, cfg.seed)
+    if not train_recs:
+        raise ValueError(f"no training sequences in {cfg.data}")
+    drafter = build_drafter(target, cfg).float().train()
+    weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
+    feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
+    objective = DraftObjective(drafter)
+    steps_per_epoch = max(1, len(train_recs) // cfg.batch_size)
+    total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
+    # The scheduler is NOT prepared: accelerate would step it once per process, but our steps are global.
+    objective, opt = acc.prepare(objective, opt)
+    acc.register_for_checkpointing(sched)
+    out = Path(cfg.output_dir)
+    state_dir, progress = out / "state", out / "progress.json"
+    step = 0
+    if progress.exists() and (state_dir / "model.safetensors").exists():
+        acc.load_state(str(state_dir))
+        step = json.loads(progress.read_text())["step"]
+        acc.print(f"resumed from {state_dir} at step {step}/{total}")
+    history: list[dict] = []
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_config.json").write_text(json.dumps(cfg.__dict__, indent=2))
+    bar = tqdm(total=total, initial=step, desc="train", disable=not acc.is_main_process)
+    t0 = time.perf_counter()
+    if step == 0 and cfg.eval_every:
+        history.append({"step": 0, **evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id)})
+        _log(acc, out, history[-1], bar)
+    while step < total:
+        epoch, k = divmod(step, steps_per_epoch)
+        order = list(range(len(train_recs)))
+        random.Random(cfg.seed * 1000 + epoch).shuffle(order)
+        batch = [train_recs[i] for i in order[k * cfg.batch_size : (k + 1) * cfg.batch_size]]
+        mine = batch[acc.process_index :: acc.num_processes]  # this process's share of the global batch
+        ids, mask, lengths, keys = collate(mine, pad_id)
+        ids, mask, lengths = ids.to(acc.device), mask.to(acc.device), lengths.to(acc.device)
+        f, last = feats(keys, ids, lengths)
+        blocks = sample_blocks(ids, mask, lengths, cfg.num_anchors, cfg.block_size,
+                               drafter.config.mask_token_id, _generators(keys, cfg.seed, epoch))
+        terms = objective(f, last, blocks)
+        sums, denom = weighted_sums(terms, terms["valid"], weights.decay)
+        global_denom = acc.reduce(denom.detach(), "sum").clamp(min=1e-8)
+        # DDP averages gradients over processes: scale by their number so the result is Σ/Σ over the global batch.
+        loss = combine({k_: v / global_denom for k_, v in sums.items()}, weights) * acc.num_processes
+        opt.zero_grad(set_to_none=True)
+        acc.backward(loss)
+        gnorm = acc.clip_grad_norm_(objective.parameters(), cfg.clip)
+        opt.step()
+        sched.step()
+        step += 1
+        bar.update(1)
+        rec = {"step": step, "loss": float(acc.reduce(loss.detach(), "sum")) / acc.num_processes,
+               **{k_: float(acc.reduce(v.detach(), "sum") / global_denom) for k_, v in sums.items()},
+               "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0}
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == total):
+            rec.update(evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id))
+        history.append(rec)
+        if step % cfg.log_every == 0 or "tau_t1" in rec:
+            _log(acc, out, rec, bar)
+        if step == total or (cfg.save_every and step % cfg.save_every == 0):
+            _save(acc, objective, out, step)
+    bar.close()
+    final = next((h for h in reversed(history) if "tau_t1" in h), {})
+    return {"drafter": acc.unwrap_model(objective).drafter, "history": history, "final_val": final}
+
+
+@torch.no_grad()
+def evaluate(objective: DraftObjective, feats: FeatureSource, val_recs: list[dict], cfg: TrainConfig, pad_id: int,
+             batch_size: int = 8) -> dict:
+    """Simulated τ (temperature 1 and greedy) on the validation split, anchors fixed by the seed."""
+    if not val_recs:
+        return {}
+    objective.eval()
+    collected: dict[str, list] = {}
+    for i in range(0, len(val_recs), batch_size):
+        ids, mask, lengths, keys = collate(val_recs[i : i + batch_size], pad_id)
+        dev = next(objective.parameters()).device
+        ids, mask, lengths = ids.to(dev), mask.to(dev), lengths.to(dev)
+        f, last = feats(keys, ids, lengths)
+        blocks = sample_blocks(ids, mask, lengths, cfg.num_anchors, cfg.block_size,
+                               objective.drafter.config.mask_token_id, _generators(keys, cfg.seed, -1))
+        terms = objective(f, last, blocks)
+        for k in ("valid", "conf_label", "draft_top", "target_top"):
+            collected.setdefault(k, []).append(terms[k])
+    objective.train()
+    return {f"val_{k}" if k == "blocks" else k: v for k, v in
+            simulated_tau({k: torch.cat(v) for k, v in collected.items()}).items()}
+
+
+def _log(acc, out: Path, rec: dict, bar) -> None:
+    if not acc.is_main_process:
+        return
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    show = {k: f"{v:.3f}" for k, v in rec.items() if k in ("loss", "ce", "l1", "conf", "tau_t1", "tau_greedy")}
+    bar.set_postfix(show)
+    if "tau_t1" in rec:
+        bar.write(f"step {rec['step']}: simulated τ (T=1) {rec['tau_t1']:.3f}, τ (greedy) {rec['tau_greedy']:.3f}")
+
+
+def _save(acc, objective, out: Path, step: int) -> None:
+    acc.wait_for_everyone()
+    acc.save_state(str(out / "state"))
+    if acc.is_main_process:
+        acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter")  # safetensors
+        (out / "progress.json").write_text(json.dumps({"step": step}))
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------
+def add_parser(subparsers):
+    p = subparsers.add_parser("train", help="train a DSpark drafter (runs under `accelerate launch` too)")
+    p.add_argument("data", help="JSONL from `hf-dspark data`")
+    p.add_argument("-o", "--output-dir", required=True, help="checkpoints (<dir>/drafter), state and metrics")
+    p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--head", default="markov", choices=["markov", "rnn", "none"], help="none = DFlash ablation")
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--taps", type=int, nargs="+", default=None, help="tapped target layers (default: DFlash rule)")
+    p.add_argument("--markov-rank", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=7)
+    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=8, help="global sequences per step")
+    p.add_argument("--num-anchors", type=int, default=32, help="blocks per sequence per step")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--val-size", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--cache-dir", default=None, help="cache target features on disk (small runs, several epochs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
+    res = train(cfg)
+    print(f"final validation: {res['final_val']}; drafter saved to {Path(cfg.output_dir) / 'drafter'}")
+    return 0

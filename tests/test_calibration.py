@@ -1,0 +1,48 @@
+"""Sequential temperature scaling: lowers ECE on over-confident synthetic scores, keeps their ordering."""
+
+import numpy as np
+
+from hf_dspark.calibration import cumulative, ece, ece_per_position, fit_sts, reliability_plot, rounds_to_arrays
+from hf_dspark.stats import Round
+
+
+def _overconfident(R=4000, gamma=4, seed=0):
+    rng = np.random.default_rng(seed)
+    true_z = rng.normal(0.5, 1.5, size=(R, gamma))
+    accept = rng.random((R, gamma)) < 1 / (1 + np.exp(-true_z))
+    y = np.cumprod(accept, axis=1).astype(float)
+    z = 3.0 * true_z  # the head is 3× over-confident
+    return z, y, np.ones_like(y, bool)
+
+
+def test_ece_simple():
+    assert abs(ece(np.array([0.9, 0.9]), np.array([1.0, 1.0])) - 0.1) < 1e-12
+    assert ece(np.array([0.25, 0.75]), np.array([0.0, 1.0])) == 0.25
+
+
+def test_sts_lowers_ece_and_keeps_order():
+    z, y, v = _overconfident()
+    ones = [1.0] * z.shape[1]
+    temps = fit_sts(z, y, v)
+    before, after = ece_per_position(z, y, v, ones), ece_per_position(z, y, v, temps)
+    assert all(a < b for a, b in zip(after, before)), (before, after)
+    assert np.mean(after) < 0.5 * np.mean(before)
+    assert all(2.0 < t < 4.5 for t in temps[:1]), temps  # recovers roughly the 3× over-confidence at position 1
+    for k in range(z.shape[1]):  # per-position ordering of conditional scores unchanged
+        c0, c1 = z[:, k], z[:, k] / temps[k]
+        assert (np.argsort(c0, kind="stable") == np.argsort(c1, kind="stable")).all()
+
+
+def test_rounds_to_arrays_inverts_temperatures_and_drops_after_stop(tmp_path):
+    temps = [2.0, 0.5, 1.0]
+    z = np.array([1.0, -2.0, 0.3])
+    conf = list(1 / (1 + np.exp(-z / np.array(temps))))
+    r1 = Round(drafted=3, verified=3, accepted=1, committed=2, draft_time=0, verify_time=0, confidence=conf)
+    r2 = Round(drafted=3, verified=3, accepted=1, committed=1, draft_time=0, verify_time=0, confidence=conf)  # stop
+    zz, y, v = rounds_to_arrays([r1, r2], 3, temps)
+    assert np.allclose(zz[0], z, atol=1e-5)
+    assert y.tolist() == [[1, 0, 0], [1, 0, 0]]
+    assert v.tolist() == [[True, True, True], [True, False, False]]
+    reliability_plot(zz, y, v, [1.0] * 3, temps, tmp_path / "rel.png")
+    assert (tmp_path / "rel.png").stat().st_size > 1000
+    assert cumulative(zz, temps).shape == (2, 3)

@@ -1,0 +1,190 @@
+"""Training pieces: losses, anchors/blocks, features channel, end-to-end τ gain, 2-process accelerate run."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny import target_records, tiny_target  # noqa: E402
+
+from hf_dspark.training.anchors import block_mask, candidate_anchors, sample_blocks  # noqa: E402
+from hf_dspark.training.features import target_features  # noqa: E402
+from hf_dspark.training.losses import LossWeights, dspark_loss, position_weights  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+# ---- losses ----------------------------------------------------------------------------------------------
+def test_position_weights():
+    w = position_weights(7, 4.0)
+    assert torch.allclose(w, torch.tensor([1, 0.7788, 0.6065, 0.4724, 0.3679, 0.2865, 0.2231]), atol=1e-4)
+
+
+def test_losses_hand_computed():
+    # one block of γ = 2, V = 2. Draft p = [0.5, 0.5] at both slots; target [1, 0] then [0.5, 0.5] (logits ±inf-ish).
+    draft = torch.zeros(1, 2, 2)
+    target = torch.tensor([[[30.0, -30.0], [0.0, 0.0]]])
+    labels = torch.tensor([[0, 1]])
+    valid = torch.tensor([[True, True]])
+    conf = torch.zeros(1, 2)  # σ(0) = 0.5
+    loss, m = dspark_loss(draft, target, labels, valid, conf)
+    w0, w1 = 1.0, math.exp(-1 / 4)
+    # L1 (no ½): slot 0 |.5-1|+|.5-0| = 1, slot 1 0.  CE: log 2 at both slots.
+    assert m["l1"].item() == pytest.approx((w0 * 1 + w1 * 0) / (w0 + w1), abs=1e-5)
+    assert m["ce"].item() == pytest.approx(math.log(2), abs=1e-5)
+    # confidence labels 1 - ½·L1 = 0.5 and 1.0; BCE(logit 0, y) = log 2 whatever y.
+    assert m["conf"].item() == pytest.approx(math.log(2), abs=1e-5)
+    assert loss.item() == pytest.approx(0.1 * math.log(2) + 0.9 * m["l1"].item() + math.log(2), abs=1e-5)
+
+
+def test_losses_invalid_slots_and_conf_label_detached():
+    torch.manual_seed(0)
+    draft = torch.randn(3, 4, 10, requires_grad=True)
+    target = torch.randn(3, 4, 10)
+    labels = torch.randint(0, 10, (3, 4))
+    valid = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    conf = torch.randn(3, 4, requires_grad=True)
+    _, m = dspark_loss(draft, target, labels, valid, conf)
+    # changing invalid slots changes nothing
+    draft2 = draft.detach().clone()
+    draft2[0, 2:] += 5
+    draft2[2] -= 3
+    _, m2 = dspark_loss(draft2, target, labels, valid, conf)
+    for k in m:
+        assert m[k].item() == pytest.approx(m2[k].item(), abs=1e-6)
+    # the confidence loss reaches the conf logits but not the draft logits (its label is detached)
+    m["conf"].backward()
+    assert draft.grad is None and conf.grad.abs().sum() > 0
+
+
+def test_dflash_weights():
+    w = LossWeights.dflash()
+    assert (w.ce, w.l1, w.conf, w.decay) == (1.0, 0.0, 0.0, 4.0)
+
+
+# ---- anchors ---------------------------------------------------------------------------------------------
+def _batch():
+    # seq 0: prompt 5, response 10, length 15; seq 1: prompt 3, response 4, length 7 (padded to 15)
+    ids = torch.arange(100, 115).repeat(2, 1)
+    mask = torch.zeros(2, 15, dtype=torch.long)
+    mask[0, 5:15] = 1
+    mask[1, 3:7] = 1
+    lengths = torch.tensor([15, 7])
+    return ids, mask, lengths
+
+
+def test_candidate_anchors_inside_response():
+    _, mask, lengths = _batch()
+    assert candidate_anchors(mask[0], 15).tolist() == list(range(5, 14))
+    assert candidate_anchors(mask[1], 7).tolist() == [3, 4, 5]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_blocks_never_cover_prompt_or_run_past_end(seed):
+    ids, mask, lengths = _batch()
+    gens = [torch.Generator().manual_seed(seed * 10 + b) for b in range(2)]
+    bl = sample_blocks(ids, mask, lengths, num_anchors=6, block_size=4, mask_token_id=7, generators=gens)
+    for b in range(2):
+        n_prompt = 5 if b == 0 else 3
+        for i in range(6):
+            if not bl.keep[b, i]:
+                assert not bl.valid[b, i].any()
+                continue
+            a = int(bl.anchors[b, i])
+            assert a >= n_prompt and a + 1 < lengths[b]  # anchor and first label are response tokens
+            for j in range(4):
+                if bl.valid[b, i, j]:
+                    lab = a + j + 1
+                    assert n_prompt <= lab < lengths[b]
+                    # off-by-one: slot j sits at position a+j, predicts a+j+1, Markov prev = x_{a+j}
+                    assert bl.positions[b, i, j] == a + j
+                    assert bl.labels[b, i, j] == ids[b, lab]
+                    assert bl.prev_ids[b, i, j] == ids[b, a + j]
+            v = bl.valid[b, i].long()
+            assert (v[1:] <= v[:-1]).all()  # contiguous valid prefix
+            assert bl.input_ids[b, i, 0] == ids[b, a] and (bl.input_ids[b, i, 1:] == 7).all()
+    # seq 1 has only 3 candidate anchors: 3 kept, the rest dummies
+    assert bl.keep[1].sum() == 3
+    # a block anchored at 5 in seq 1 (length 7) has exactly one valid label (position 6)
+    i = (bl.anchors[1] == 5).nonzero()[0, 0]
+    assert bl.valid[1, i].tolist() == [True, False, False, False]
+
+
+def test_block_mask_context_strictly_before_anchor_and_no_empty_rows():
+    anchors = torch.tensor([[0, 4, 2]])
+    m = block_mask(anchors, 2, context_len=6)[0, 0]  # [3·2, 6 + 6]
+    assert m.shape == (6, 12)
+    assert m.any(-1).all()  # no fully masked row (SDPA NaN)
+    for blk, a in enumerate([0, 4, 2]):
+        for j in range(2):
+            row = m[blk * 2 + j]
+            assert row[:6].tolist() == [p < a for p in range(6)]
+            assert row[6:].tolist() == [s // 2 == blk for s in range(6)]
+
+
+# ---- features channel ------------------------------------------------------------------------------------
+def test_features_are_raw_tapped_layers_and_final_normed_state():
+    t = tiny_target()
+    ids = torch.randint(3, 64, (2, 9))
+    attn = torch.ones_like(ids)
+    feats, last = target_features(t, ids, attn, [0, 2])
+    ref = t(ids, attention_mask=attn, output_hidden_states=True)
+    assert torch.allclose(feats[..., :32], ref.hidden_states[1], atol=1e-5)
+    assert torch.allclose(feats[..., 32:], ref.hidden_states[3], atol=1e-5)
+    assert torch.allclose(t.lm_head(last), ref.logits, atol=1e-4)  # final-normed: gives the target logits
+
+
+# ---- end to end ------------------------------------------------------------------------------------------
+def test_tiny_training_raises_simulated_tau(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 48)
+    cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=16, batch_size=8,
+                      num_anchors=8, max_steps=150, val_size=8, eval_every=150, save_every=150, lr=3e-3)
+    res = train(cfg, target=t, records=recs)
+    before, after = res["history"][0]["tau_greedy"], res["final_val"]["tau_greedy"]
+    assert after > before + 1.0, (before, after)
+    # checkpoint: a safetensors drafter that loads strictly and binds to the target
+    from hf_dspark import DSparkDrafter
+
+    d = DSparkDrafter.from_pretrained(tmp_path / "run" / "drafter", target=t)
+    assert (tmp_path / "run" / "drafter" / "model.safetensors").exists()
+    out = t.generate(torch.tensor([recs[0]["ids"][:6]]), assistant_model=d, max_new_tokens=12, do_sample=False)
+    assert out.shape[1] == 18
+
+
+def test_resume_continues_from_saved_step(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 16, resp_len=16)
+    kw = dict(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=8, batch_size=4, num_anchors=4,
+              val_size=0, eval_every=0, save_every=3, lr=3e-3)
+    train(TrainConfig(max_steps=6, **kw), target=t, records=recs)
+    (tmp_path / "run" / "progress.json").write_text(json.dumps({"step": 3}))  # pretend it stopped at step 3
+    resumed = train(TrainConfig(max_steps=6, **kw), target=t, records=recs)
+    assert [h["step"] for h in resumed["history"]] == [4, 5, 6]
+
+
+def test_accelerate_two_processes_match_single_process(tmp_path):
+    script = Path(__file__).parent / "_dist_train.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    single, multi = tmp_path / "single.json", tmp_path / "multi.json"
+    subprocess.run([sys.executable, str(script), str(single)], check=True, env=env, capture_output=True, timeout=120)
+    launcher = Path(sys.executable).parent / "accelerate"
+    # `--cpu` makes accelerate launch ONE process; `--multi_gpu` starts 2 torchrun workers, which pick gloo on CPU.
+    r = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(multi)],
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = json.loads(single.read_text()), json.loads(multi.read_text())
+    assert (a["processes"], b["processes"]) == (1, 2)
+    assert len(a["loss"]) == len(b["loss"]) == 4
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5)
