@@ -106,9 +106,10 @@ class DSparkDrafter(PreTrainedModel):
         self.layers = nn.ModuleList(DSparkLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self.head = build_head(config)
-        rank = config.markov_rank if self.head is not None else 0
-        self.confidence = ConfidenceHead(d + rank) if config.confidence_head else None
+        # Module names follow DeepSpec's checkpoints (markov_head.markov_w1, confidence_head.proj, ...).
+        self.markov_head = build_head(config)
+        rank = config.markov_rank if self.markov_head is not None else 0
+        self.confidence_head = ConfidenceHead(d + rank) if config.confidence_head else None
         if config.draft_vocab_size is not None:  # the pruned draft vocabulary, saved with the weights
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         else:
@@ -116,6 +117,16 @@ class DSparkDrafter(PreTrainedModel):
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.last_stats = None
         self.post_init()
+
+    @property
+    def head(self):
+        """The sequential head (MarkovHead / RNNHead), or None for the DFlash ablation."""
+        return self.markov_head
+
+    @property
+    def confidence(self):
+        """The confidence head, or None."""
+        return self.confidence_head
 
     # ---- binding ---------------------------------------------------------------------------------
     @property

@@ -14,13 +14,28 @@ import torch
 from torch import nn
 
 
-class MarkovHead(nn.Module):
+class _LowRank(nn.Module):
+    """W1 (previous-token embedding) and W2 (r → V bias projection), named as in DeepSpec checkpoints."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    @property
+    def W1(self) -> nn.Embedding:
+        return self.markov_w1
+
+    @property
+    def W2(self) -> nn.Linear:
+        return self.markov_w2
+
+
+class MarkovHead(_LowRank):
     """B_k = W2 · W1[x_{k-1}]: a rank-r first-order transition bias. Stateless."""
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
-        super().__init__()
-        self.W1 = nn.Embedding(vocab_size, rank)
-        self.W2 = nn.Linear(rank, vocab_size, bias=False)
+        super().__init__(vocab_size, rank)
 
     def pre_bias(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
         """prev_ids [...], h [..., d] → (u [..., r] with B = W2·u, prev embedding W1[prev] [..., r], state)."""
@@ -38,22 +53,21 @@ class MarkovHead(nn.Module):
         return bias, e
 
 
-class RNNHead(nn.Module):
-    """Gated recurrent bias: s_k = σ(g)⊙s_{k-1} + (1-σ(g))⊙tanh(c), B_k = W2·tanh(o) (from the old state)."""
+class RNNHead(_LowRank):
+    """Gated recurrent bias: s_k = σ(g)⊙s_{k-1} + (1-σ(g))⊙tanh(c), B_k = W2·tanh(o) (from the old state).
+    Input order [state ; W1[x_{k-1}] ; h_k], output split (gate, candidate, output), as in DeepSpec."""
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
-        super().__init__()
+        super().__init__(vocab_size, rank)
         self.rank = rank
-        self.W1 = nn.Embedding(vocab_size, rank)
-        self.joint = nn.Linear(2 * rank + hidden_size, 3 * rank)
-        self.W2 = nn.Linear(rank, vocab_size, bias=False)
+        self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
     def pre_bias(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
         """→ (u = tanh(o) [..., r] with B = W2·u, W1[prev] [..., r], new state [..., r])."""
         e = self.W1(prev_ids)
         if state is None:
             state = e.new_zeros(e.shape)
-        g, c, o = self.joint(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
+        g, c, o = self.joint_proj(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(g)
         new_state = gate * state + (1 - gate) * torch.tanh(c)
         return torch.tanh(o), e, new_state

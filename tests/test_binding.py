@@ -112,7 +112,7 @@ def test_config_for_wrong_shape_is_named(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["markov_rank"] = 16  # no longer matches the stored W1/W2
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="W1"):
+    with pytest.raises(ValueError, match="markov_w1.weight: stored"):
         DSparkDrafter.from_pretrained(tmp_path, target=model)
 
 
