@@ -1,0 +1,70 @@
+"""The benchmark harness on tiny models: every method runs, the JSON has every field, and the greedy identity
+check fires on a deliberately corrupted output."""
+
+import json
+
+import torch
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.bench import Method, markdown_table, plot, run_bench
+from tests.conftest import tiny_target
+
+
+class Tok:
+    """The least a tokenizer must do for the harness (no chat template: plain encoding)."""
+
+    chat_template = None
+
+    def __call__(self, text, return_tensors=None):
+        return {"input_ids": torch.tensor([[ord(c) % 60 for c in text]])}
+
+
+PROMPTS = [("set-a", "hello world"), ("set-a", "abc def"), ("set-b", "the quick brown")]
+
+
+def methods(model):
+    torch.manual_seed(0)
+    d = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    ablation = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2], head_type="none")
+    return [Method("plain"), Method("prompt-lookup-3", {"prompt_lookup_num_tokens": 3}),
+            Method("dflash-ablation", drafter=ablation), Method("dspark", drafter=d),
+            Method("dspark-k2", drafter=d, policy=2)]
+
+
+def test_every_method_every_field(tmp_path):
+    model = tiny_target()
+    res = run_bench(model, Tok(), methods(model), PROMPTS, max_new_tokens=12, warmup=1)
+    assert set(res["methods"]) == {"plain", "prompt-lookup-3", "dflash-ablation", "dspark", "dspark-k2"}
+    for name, entry in res["methods"].items():
+        assert set(entry) == {"all", "set-a", "set-b"}
+        e = entry["all"]
+        assert {"tokens_per_s", "speedup_median", "speedup_p25", "speedup_p75", "speedup_pooled", "mismatches"} <= set(e)
+        assert e["mismatches"] == []
+        if name not in ("plain", "prompt-lookup-3"):
+            assert {"tau", "conditional_acceptance", "verify_lengths", "draft_time_s"} <= set(e)
+    assert max(res["methods"]["dspark-k2"]["all"]["verify_lengths"]) <= 2
+    assert {"cpu", "threads", "torch", "transformers", "dtype"} <= set(res["environment"])
+    json.dumps(res, default=str)
+    assert "dspark" in markdown_table(res)
+    plot(res, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_identity_check_fires_on_a_corrupted_output():
+    model = tiny_target()
+
+    def corrupt(m, i, out):
+        if m.name == "dspark" and i == 1:
+            out = out.clone()
+            out[0, -1] = (out[0, -1] + 1) % 64
+        return out
+
+    res = run_bench(model, Tok(), methods(model), PROMPTS, max_new_tokens=8, warmup=0, check=corrupt)
+    assert res["methods"]["dspark"]["all"]["mismatches"] == [1]
+    assert "**NO: 1**" in markdown_table(res)
+
+
+def test_sampled_runs_have_no_identity_claim():
+    model = tiny_target()
+    res = run_bench(model, Tok(), methods(model)[:4], PROMPTS[:2], max_new_tokens=8, do_sample=True, warmup=0)
+    assert "mismatches" not in res["methods"]["dspark"]["all"]
