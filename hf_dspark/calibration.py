@@ -174,6 +174,8 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("-o", "--output", default=None, help="save the calibrated drafter here instead of in place")
+    p.add_argument("--save-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="dtype of the saved weights (auto: as stored in the input checkpoint)")
     p.set_defaults(func=main)
     return p
 
@@ -196,6 +198,12 @@ def main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = calibrate(drafter, rounds, plot=out / "reliability.png")
     report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    # Keep the checkpoint's stored dtype (the shipped drafter is bf16): the target's dtype is only for running.
+    stored = args.save_dtype
+    if stored == "auto":
+        stored = json.loads((Path(args.drafter) / "config.json").read_text()).get("dtype")
+    if stored in ("bfloat16", "float16", "float32"):
+        drafter = drafter.to(getattr(torch, stored))
     drafter.save_pretrained(out)
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     print(f"{report['rounds']} rounds from {len(prompts)} prompts")

@@ -110,6 +110,7 @@ class TrainConfig:
     seed: int = 0
     threads: int | None = None
     log_every: int = 1
+    time_limit: float | None = None  # minutes; stop (and save) once the next step would exceed it
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
@@ -181,7 +182,12 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     if step == 0 and cfg.eval_every:
         history.append({"step": 0, **evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id)})
         _log(acc, out, history[-1], bar)
+    start = step
     while step < total:
+        if cfg.time_limit and step > 0 and _over_time(acc, t0, step - start, cfg.time_limit):
+            acc.print(f"time limit of {cfg.time_limit} min reached at step {step}/{total}; saving")
+            _save(acc, objective, out, step)
+            break
         epoch, k = divmod(step, steps_per_epoch)
         order = list(range(len(train_recs)))
         random.Random(cfg.seed * 1000 + epoch).shuffle(order)
@@ -242,6 +248,13 @@ def evaluate(objective: DraftObjective, feats: FeatureSource, val_recs: list[dic
             simulated_tau({k: torch.cat(v) for k, v in collected.items()}).items()}
 
 
+def _over_time(acc, t0: float, steps_done: int, limit_min: float) -> bool:
+    elapsed = time.perf_counter() - t0
+    per_step = elapsed / max(1, steps_done)
+    over = torch.tensor(float(elapsed + per_step > 60 * limit_min))
+    return bool(acc.reduce(over, "max") > 0)  # every process stops at the same step
+
+
 def _log(acc, out: Path, rec: dict, bar) -> None:
     if not acc.is_main_process:
         return
@@ -285,6 +298,7 @@ def add_parser(subparsers):
     p.add_argument("--cache-dir", default=None, help="cache target features on disk (small runs, several epochs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--time-limit", type=float, default=None, help="minutes; stop early (saving) when reached")
     p.set_defaults(func=main)
     return p
 
