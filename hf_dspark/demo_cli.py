@@ -1,0 +1,56 @@
+"""`hf-dspark demo`: the options of app.py (flags, or HF_DSPARK_* environment variables on a Space) and
+the subcommand that runs the repository's app.py with them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+from pathlib import Path
+
+import torch
+
+from .demo_session import MAX_NEW_TOKENS
+
+
+def _env(name: str, default=None):
+    return os.environ.get(f"HF_DSPARK_{name}", default)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--target", default=_env("TARGET"), help="target model folder/id (default: embedded SmolLM2)")
+    p.add_argument("--drafter", default=_env("DRAFTER"), help="drafter folder (default: the shipped drafter)")
+    p.add_argument("--drafter-none", default=_env("DRAFTER_NONE"), help="a drafter with head_type none, for the head control")
+    p.add_argument("--tiny", action="store_true", default=_env("DEMO_TINY", "") not in ("", "0"),
+                   help="tiny seeded target + drafters built from a config (no download; for tests)")
+    p.add_argument("--tiny-steps", type=int, default=int(_env("DEMO_TINY_STEPS", "100")),
+                   help="training steps of the tiny drafters at startup (0 = random)")
+    p.add_argument("--max-new-tokens", type=int, default=int(_env("DEMO_MAX_NEW_TOKENS", str(MAX_NEW_TOKENS))),
+                   help="cap on the max-new-tokens control")
+    p.add_argument("--queue-size", type=int, default=16, help="requests waiting at most; more are refused")
+    p.add_argument("--host", default=None, help="bind address (default: gradio's, 127.0.0.1 or $GRADIO_SERVER_NAME)")
+    p.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860 or $GRADIO_SERVER_PORT)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=int(_env("THREADS", "0")), help="torch threads (0 = default)")
+    return p
+
+
+def parse_app_args(argv=None) -> argparse.Namespace:
+    return add_arguments(argparse.ArgumentParser(prog="app.py", description="DSpark live demo")).parse_args(argv)
+
+
+def app_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "app.py"
+
+
+def cmd_demo(args) -> int:
+    path = app_path()
+    if not path.exists():
+        raise SystemExit(f"{path} not found: `hf-dspark demo` runs app.py from a source checkout of hf_dspark")
+    runpy.run_path(str(path), run_name="hf_dspark_app")["main"](args)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="launch the Gradio demo (app.py): watch drafts, scheduling, verification")
+    add_arguments(p).set_defaults(func=cmd_demo)

@@ -1,0 +1,172 @@
+"""One demo generation: request limits, the verify policy from the controls, and generate() in a thread
+whose progress is polled (a streamer for the committed tokens, `drafter.last_stats.rounds` for the fates).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+MAX_PROMPT_CHARS = 2000
+MAX_PROMPT_TOKENS = 512
+MAX_NEW_TOKENS = 256
+
+
+@dataclass
+class Request:
+    prompt: str
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    block: int = 7  # drafts the verifier may see per round (≤ the drafter's γ)
+    scheduler: bool = False
+    head: str = "Markov"
+
+
+def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_TOKENS) -> Request:
+    """Validate and clamp what a browser (or the API) sent; raises ValueError with a user-facing reason."""
+    if not isinstance(req.prompt, str) or not req.prompt.strip():
+        raise ValueError("Type a prompt first.")
+    if len(req.prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"The prompt is {len(req.prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
+    req.max_new_tokens = max(1, min(int(req.max_new_tokens), max_new_tokens))
+    req.temperature = max(0.0, min(float(req.temperature), 2.0))
+    req.top_p = max(0.05, min(float(req.top_p), 1.0))
+    req.block = max(0, min(int(req.block), block_size))
+    return req
+
+
+def verify_policy(req: Request, drafter, profile_fn=None):
+    """(drafter.verify_policy value, readable description, note or '') for the controls.
+
+    Block size below γ verifies at most that many drafts; the scheduler (needs a confidence head) picks ℓ
+    from c_k and may verify fewer. Both rules look only at c_1..c_k, so their min stays lossless."""
+    gamma = drafter.config.block_size
+    if req.scheduler and drafter.confidence is None:
+        note = "this drafter has no confidence head: scheduler off"
+        return ("all" if req.block >= gamma else req.block), f"static ℓ={req.block}", note
+    if not req.scheduler:
+        return ("all" if req.block >= gamma else req.block), f"static ℓ={req.block}", ""
+    if req.block >= gamma:
+        return "scheduler", "scheduler", ""
+    profile = profile_fn(drafter) if profile_fn else None
+    if profile is None:
+        return req.block, f"static ℓ={req.block}", "no device profile: scheduler off"
+    cap = req.block
+    return (lambda conf: min(cap, profile.verify_length(conf))), f"scheduler, ℓ ≤ {cap}", ""
+
+
+def chat_inputs(tok, prompt: str, device) -> dict:
+    text = prompt
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    inputs = tok(text, return_tensors="pt")
+    if inputs["input_ids"].shape[1] > MAX_PROMPT_TOKENS:
+        raise ValueError(f"The prompt is {inputs['input_ids'].shape[1]} tokens; the limit is {MAX_PROMPT_TOKENS}.")
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def sampling_kwargs(req: Request) -> dict:
+    if req.temperature <= 0:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {"do_sample": True, "temperature": req.temperature, "top_p": req.top_p, "top_k": None}
+
+
+class Recorder(BaseStreamer):
+    """A transformers streamer that keeps the generated ids (the first put is the prompt) and when they came."""
+
+    def __init__(self):
+        self.puts = 0
+        self.ids: list[int] = []
+        self.first_ids: list[int] = []  # the target's prefill token(s): committed before any DSpark round
+        self.done = False
+
+    def put(self, value):
+        self.puts += 1
+        if self.puts == 1:
+            return  # the prompt
+        ids = value.reshape(-1).tolist()
+        if self.puts == 2:
+            self.first_ids = ids
+        self.ids.extend(ids)
+
+    def end(self):
+        self.done = True
+
+
+@dataclass
+class Progress:
+    recorder: Recorder
+    stats: object | None  # DSparkStats of this run, once the candidate generator exists
+    elapsed: float
+    done: bool
+    output: torch.Tensor | None = None
+    error: BaseException | None = None
+    rounds: list = field(default_factory=list)  # a snapshot of stats.rounds
+
+
+def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy="all", poll: float = 0.15,
+                    lock: threading.Lock | None = None) -> Iterator[Progress]:
+    """Run generate (with `drafter` as assistant under verify `policy`, or plain) in a thread; yield a Progress
+    every `poll` s and once at the end. `lock` serialises generations on one model: the drafter's policy and
+    last_stats are per model. If the consumer goes away (a closed browser tab), the run is cancelled."""
+    rec, cancel = Recorder(), _Cancel()
+    box: dict = {}
+
+    def work():
+        try:
+            kw = dict(gen_kwargs, streamer=rec, stopping_criteria=StoppingCriteriaList([cancel]))
+            if drafter is not None:
+                kw["assistant_model"] = drafter
+            with torch.no_grad():
+                box["out"] = model.generate(**inputs, **kw)
+        except BaseException as e:  # shown to the user, not lost in the thread
+            box["error"] = e
+        finally:
+            rec.done = True
+
+    with lock or _NoLock():
+        if drafter is not None:
+            previous = drafter.verify_policy if hasattr(drafter, "verify_policy") else "all"
+            drafter.verify_policy = policy
+            drafter.last_stats = None  # so the poller can tell this run's stats from the previous one's
+        thread = threading.Thread(target=work, daemon=True)
+        t0 = time.perf_counter()
+        thread.start()
+        try:
+            while thread.is_alive():
+                thread.join(poll)
+                stats = drafter.last_stats if drafter is not None else None
+                rounds = list(stats.rounds) if stats is not None else []
+                yield Progress(rec, stats, time.perf_counter() - t0, False, rounds=rounds)
+            elapsed = time.perf_counter() - t0
+            stats = drafter.last_stats if drafter is not None else None
+            yield Progress(rec, stats, elapsed, True, box.get("out"), box.get("error"),
+                           rounds=list(stats.rounds) if stats is not None else [])
+        finally:
+            cancel.stop = True  # no-op after a normal end; stops an abandoned run at its next round
+            thread.join()
+            if drafter is not None:
+                drafter.verify_policy = previous
+
+
+class _Cancel(StoppingCriteria):
+    def __init__(self):
+        self.stop = False
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.stop, dtype=torch.bool, device=input_ids.device)
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
