@@ -11,10 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from .config import DSparkConfig
 from .heads import ConfidenceHead, build_head
+
+try:  # kernels/dspark_kernels (docs/kernels.md)
+    from dspark_kernels.dispatch import fuse_context as _fuse_context
+except ModuleNotFoundError as e:
+    if e.name != "dspark_kernels":
+        raise
+    _fuse_context = None
 
 
 _NOT_STANDALONE = (
@@ -28,6 +36,11 @@ class _NotEnabledError(RuntimeError):
     """Raised when transformers' stock assistant path touches a drafter: the target was not enabled."""
 
 
+def _norm_class(config: DSparkConfig):
+    """RMSNorm of the layer variant: Llama's (weight applied after the cast back) or Gemma-4's (all in fp32)."""
+    return Gemma4RMSNorm if config.layer_variant == "gemma4" else LlamaRMSNorm
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, heads, n, hd]; cos/sin [B, n, hd]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -35,18 +48,27 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class DSparkAttention(nn.Module):
-    """KV injection: queries come from block slots only; keys/values from [context ; block] with shared W_K/W_V."""
+    """KV injection: queries come from block slots only; keys/values from [context ; block] with shared W_K/W_V.
+
+    Gemma-4 variant (config.layer_variant): values get a weightless RMSNorm and the attention scale is 1.0 (the
+    q/k norms replace h^-1/2); with config.attention_k_eq_v there is no v_proj and values are the raw key projection.
+    """
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
         d, hd = config.hidden_size, config.head_dim
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        gemma = config.layer_variant == "gemma4"
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.attention_bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
+        if not config.attention_k_eq_v:
+            self.v_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
-        norm = (lambda: LlamaRMSNorm(hd, eps=config.rms_norm_eps)) if config.qk_norm else nn.Identity
+        Norm = _norm_class(config)
+        norm = (lambda: Norm(hd, eps=config.rms_norm_eps)) if config.qk_norm else nn.Identity
         self.q_norm, self.k_norm = norm(), norm()
+        self.v_norm = Gemma4RMSNorm(hd, eps=config.rms_norm_eps, with_scale=False) if gemma else None
+        self.scale = 1.0 if gemma else None  # None: SDPA's default h^-1/2
 
     def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
         B, n, _ = x.shape
@@ -54,27 +76,42 @@ class DSparkAttention(nn.Module):
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, n, d] → k, v [B, n_kv, n, hd] (k normed and rotated)."""
-        k = _rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv)), cos, sin)
-        return k, self._heads(self.v_proj(x), self.n_kv)
+        k_raw = self._heads(self.k_proj(x), self.n_kv)
+        k = _rope(self.k_norm(k_raw), cos, sin)
+        v = k_raw if not hasattr(self, "v_proj") else self._heads(self.v_proj(x), self.n_kv)
+        return k, (v if self.v_norm is None else self.v_norm(v))
 
     def forward(self, h, cos, sin, ctx_k, ctx_v, mask=None):
         """h [B, Q, d]; ctx_k/ctx_v [B, n_kv, n, hd]; mask None (all visible) or bool [B, 1, Q, n+Q]."""
         q = _rope(self.q_norm(self._heads(self.q_proj(h), self.n_heads)), cos, sin)
         k, v = self.kv(h, cos, sin)
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.n_heads != self.n_kv)
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
 class DSparkLayer(nn.Module):
+    """Pre-norm: h + Attn(norm(h)); h + MLP(norm(h)). Gemma-4 variant (sandwich): h + post(Attn(pre(h)));
+    h + post_ff(MLP(pre_ff(h))); then × layer_scalar (a persistent [1] buffer, 1.0 unless a checkpoint says otherwise)."""
+
     def __init__(self, config: DSparkConfig):
         super().__init__()
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        d, eps, Norm = config.hidden_size, config.rms_norm_eps, _norm_class(config)
+        self.input_layernorm = Norm(d, eps=eps)
         self.self_attn = DSparkAttention(config)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Norm(d, eps=eps)
         self.mlp = LlamaMLP(config)
+        self.sandwich = config.layer_variant == "gemma4"
+        if self.sandwich:
+            self.pre_feedforward_layernorm = Norm(d, eps=eps)
+            self.post_feedforward_layernorm = Norm(d, eps=eps)
+            self.register_buffer("layer_scalar", torch.ones(1))
 
     def forward(self, h, cos, sin, ctx_k, ctx_v, mask=None):
+        if self.sandwich:
+            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask))
+            h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            return h * self.layer_scalar
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -102,20 +139,25 @@ class DSparkDrafter(PreTrainedModel):
             raise ValueError("DSparkConfig.mask_token_id is not set")
         config.mlp_bias = getattr(config, "mlp_bias", False)
         self.fc = nn.Linear(m * d, d, bias=False)
-        self.hidden_norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.hidden_norm = _norm_class(config)(d, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(DSparkLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.norm = _norm_class(config)(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         # Module names follow DeepSpec's checkpoints (markov_head.markov_w1, confidence_head.proj, ...).
         self.markov_head = build_head(config)
         rank = config.markov_rank if self.markov_head is not None else 0
-        self.confidence_head = ConfidenceHead(d + rank) if config.confidence_head else None
+        with_prev = getattr(config, "confidence_head_with_markov", True) and rank > 0
+        self.confidence_head = ConfidenceHead(d + rank if with_prev else d, use_prev=with_prev) if config.confidence_head else None
         if config.draft_vocab_size is not None:  # the pruned draft vocabulary, saved with the weights
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         else:
             self.draft_vocab = None
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.last_stats = None
+        # Run-time options, HF-style on the assistant (see verify_policy.py): how many drafts to verify, and
+        # the DeviceProfile the scheduler uses (None = the cached one for this target/device, measured once).
+        self.verify_policy = "all"
+        self.device_profile = None
         self.post_init()
 
     @property
@@ -152,26 +194,38 @@ class DSparkDrafter(PreTrainedModel):
         `overrides` are DSparkConfig fields (block_size, num_hidden_layers, head_type, mask_token_id, ...)."""
         from .binding import default_mask_token_id
 
+        from .binding import placement
+
         if "mask_token_id" not in overrides:
             overrides["mask_token_id"] = default_mask_token_id(target)
         config = DSparkConfig.for_target(target.config, **overrides)
-        drafter = cls(config).to(device=target.device, dtype=target.dtype).eval()
+        device, dtype = placement(target)
+        drafter = cls(config).to(device=device, dtype=dtype).eval()
         return drafter.bind(target)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
         """Load a drafter (safetensors only) and bind it to `target`. Also accepts a DSparkConfig, which
-        builds a fresh random drafter. Missing or unexpected weights are an error, never a silent init."""
+        builds a fresh random drafter. Missing or unexpected weights are an error, never a silent init.
+        A DeepSpec DSpark/DFlash checkpoint (folder or Hub id whose config names `Qwen3DSparkModel` or
+        `Gemma4DSparkModel`) is recognised and loaded by `hf_dspark.deepspec` (needs `target`; docs/deepspec.md).
+        The drafter is placed on the device and dtype of the target's LM head (device_map targets included)."""
+        from .binding import placement
+
         if isinstance(pretrained_model_name_or_path, DSparkConfig):
             drafter = cls(pretrained_model_name_or_path)
         else:
+            from . import deepspec
             from .binding import load_strict
 
+            if deepspec.is_deepspec_checkpoint(pretrained_model_name_or_path, **kwargs):
+                return deepspec.load(pretrained_model_name_or_path, target=target, **kwargs)
             if target is not None:
-                kwargs.setdefault("dtype", target.dtype)
+                kwargs.setdefault("dtype", placement(target)[1])
             drafter = load_strict(cls, super().from_pretrained, pretrained_model_name_or_path, *args, **kwargs)
         if target is not None:
-            drafter = drafter.to(device=target.device, dtype=target.dtype).eval()
+            device, dtype = placement(target)
+            drafter = drafter.to(device=device, dtype=dtype).eval()
             drafter.bind(target)
         return drafter
 
@@ -189,8 +243,12 @@ class DSparkDrafter(PreTrainedModel):
 
     # ---- pieces of a round -----------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids [B, Q] → the target's (frozen) input embeddings [B, Q, d]."""
-        return self.target.get_input_embeddings()(ids).to(self.dtype)
+        """Token ids [B, Q] → the target's (frozen) input embeddings [B, Q, d] (Gemma: already × √d), on our device.
+        With device_map targets the embedding may sit on another device than the drafter (which follows the LM head)."""
+        emb = self.target.get_input_embeddings()
+        if emb.weight.device.type != "meta":  # meta = offloaded by accelerate; its hook moves the ids itself
+            ids = ids.to(emb.weight.device)
+        return emb(ids).to(device=self.device, dtype=self.dtype)
 
     def base_logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """Backbone output h [..., d] → base logits U [..., V] in float32, through the target's LM head
@@ -231,6 +289,8 @@ class DSparkDrafter(PreTrainedModel):
 
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated taps [B, n, m·d] (order of target_layer_ids) → context [B, n, d]."""
+        if _fuse_context is not None:  # the fused fc + RMSNorm kernel on CUDA, else these modules
+            return _fuse_context(features.to(self.dtype), self.fc, self.hidden_norm)
         return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     def context_kv(self, features: torch.Tensor, position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -24,6 +24,9 @@ class DSparkLogitsProcessor(LogitsProcessor):
         self.target_probs, self.target_tokens = {}, {}
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if torch.isnan(scores).any() or torch.isposinf(scores).any():
+            # -inf is a processor's "forbidden"; NaN/+inf mean the target itself broke (e.g. fp16 overflow).
+            raise ValueError(f"the target produced NaN/+inf logits at sequence length {input_ids.shape[1]}")
         if self.candidate is None:  # the prefill step: nothing drafted yet
             return scores
         k = input_ids.shape[1] - self.cur_len + 1  # which draft position these scores judge

@@ -259,3 +259,13 @@ def test_pruned_draft_vocabulary_round_trips(llama, tmp_path):
     drafter.save_pretrained(tmp_path)
     again = DSparkDrafter.from_pretrained(tmp_path, target=llama)
     assert again.draft_vocab.tolist() == [3, 7, 9, 40] and again.config.draft_vocab_size == 4
+
+
+def test_nan_target_logits_are_a_named_error(llama):
+    drafter = drafter_for(llama)
+    hook = llama.lm_head.register_forward_hook(lambda mod, inp, out: out * float("nan"))
+    try:
+        with pytest.raises(ValueError, match="NaN"):
+            llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
+    finally:
+        hook.remove()
