@@ -28,6 +28,23 @@ def default_mask_token_id(target) -> int:
     return next(i for i in range(vocab - 1, -1, -1) if i not in taken)
 
 
+def placement(target) -> tuple[torch.device, torch.dtype]:
+    """(device, dtype) the drafter must use: those of the target's LM head, where base logits are computed.
+    With device_map="auto" the tapped layers may be elsewhere; their outputs are moved to this device.
+    bitsandbytes leaves the LM head unquantized by default, so its dtype is the compute dtype."""
+    head = target.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"target {type(target).__name__} has no LM head: DSpark needs a causal LM target")
+    w = head.weight
+    if w.device.type == "meta":
+        raise ValueError("the target's LM head is offloaded (accelerate device 'meta'/disk): DSpark needs it resident "
+                         "on a device; give lm_head a GPU or CPU in device_map")
+    if not w.dtype.is_floating_point:
+        raise ValueError(f"the target's LM head is quantized ({w.dtype}); DSpark needs a float LM head "
+                         "(bitsandbytes skips lm_head by default: do not add it to the quantized modules)")
+    return w.device, w.dtype
+
+
 def validate_pair(drafter, target) -> None:
     """Raise ValueError naming the first way `drafter` does not fit `target`."""
     cfg = drafter.config

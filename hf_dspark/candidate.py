@@ -271,7 +271,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         )
         length = self.verify_policy.length(block.conf_logits)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
-        logits = block.logits[:length].unsqueeze(0) if (self.do_sample and length) else None
+        # transformers verifies on input_ids' device (device_map targets: may differ from the drafter's)
+        logits = block.logits[:length].unsqueeze(0).to(input_ids.device) if (self.do_sample and length) else None
         return self._send(input_ids, candidate, logits, block, t0)
 
     def _send(self, input_ids, candidate, logits, block, t0):
@@ -304,7 +305,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "past_key_values (prompt caching) is not supported with DSpark"
             )
         dr = self.drafter
-        feats = torch.cat([hs[i + 1][:, :new] for i in self.taps], dim=-1).to(dr.device)
+        feats = torch.cat([hs[i + 1][:, :new].to(dr.device) for i in self.taps], dim=-1)  # taps may span devices
         positions = torch.arange(self.ctx_len, self.ctx_len + new, device=dr.device)[None]
         kv = dr.context_kv(feats, positions)
         if self.context_kv is None:

@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     from . import profile as _profile; _profile.add_profile_parser(sub)  # noqa: E702
     from .training import trainer as _train; _train.add_parser(sub)  # noqa: E702
     from . import calibration as _calib; _calib.add_parser(sub)  # noqa: E702
+    from . import deepspec as _deepspec; _deepspec.add_parser(sub)  # noqa: E702
     from . import demo_cli as _demo; _demo.add_parser(sub)  # noqa: E702
     from . import bench as _bench; _bench.add_parser(sub)  # noqa: E702
 

@@ -6,7 +6,8 @@ import copy
 
 from transformers import PretrainedConfig
 
-HEAD_TYPES = ("markov", "rnn", "none")
+HEAD_TYPES = ("markov", "gated", "rnn", "none")
+LAYER_VARIANTS = ("default", "gemma4")
 
 # Target fields the drafter copies: width, heads, FFN, norms and RoPE must equal the target's
 # because the drafter shares the target's embedding and LM head and taps its residual stream.
@@ -47,12 +48,18 @@ class DSparkConfig(PretrainedConfig):
         num_hidden_layers (`int`, defaults to 2): depth of the parallel backbone.
         target_layer_ids (`list[int]`): 0-based target decoder layers whose raw outputs are tapped.
         mask_token_id (`int`): id whose frozen embedding fills slots 1..γ-1; must not be EOS or PAD.
-        head_type (`str`): "markov" (low-rank W2·W1[prev]), "rnn" (gated state) or "none" (DFlash ablation).
+        head_type (`str`): "markov" (low-rank W2·W1[prev]), "gated" (W2·(σ(W_g[h;W1[prev]])⊙W1[prev]), DeepSpec's
+            code-only variant), "rnn" (gated state) or "none" (DFlash ablation).
         markov_rank (`int`, defaults to 128): r, width of W1/W2 (and of the RNN state).
         confidence_head (`bool`, defaults to True): predict per-position survival c_k.
+        confidence_head_with_markov (`bool`, defaults to True): the confidence head reads [h ; W1[prev]] (else h only).
         confidence_temperatures (`list[float]`): per-position temperatures fitted by
             `hf-dspark calibrate` (sequential temperature scaling); 1.0 = uncalibrated.
         qk_norm (`bool`, defaults to True): per-head RMSNorm on queries/keys (Qwen3-style drafter layers).
+        layer_variant (`str`, defaults to "default"): "default" = pre-norm Llama/Qwen3 layers; "gemma4" = DeepSpec's
+            Gemma-4 drafter layers (sandwich norms, fp32 Gemma RMSNorm, scale-free RMSNorm on V, attention scale 1,
+            `layer_scalar` buffer).
+        attention_k_eq_v (`bool`, defaults to False): values reuse the key projection (no `v_proj`; Gemma-4).
         draft_vocab_size (`int`, *optional*): if set, drafts come from a pruned vocabulary of this many token
             ids (stored as the `draft_vocab` tensor): the drafter's LM-head rows over 49k tokens dominate its
             cost on CPU, and q = 0 outside the subset keeps sampling exact. None = the full vocabulary.
@@ -71,8 +78,11 @@ class DSparkConfig(PretrainedConfig):
         head_type: str = "markov",
         markov_rank: int = 128,
         confidence_head: bool = True,
+        confidence_head_with_markov: bool = True,
         confidence_temperatures: list[float] | None = None,
         qk_norm: bool = True,
+        layer_variant: str = "default",
+        attention_k_eq_v: bool = False,
         draft_vocab_size: int | None = None,
         target_model_type: str | None = None,
         target_num_hidden_layers: int | None = None,
@@ -99,10 +109,13 @@ class DSparkConfig(PretrainedConfig):
         self.head_type = head_type
         self.markov_rank = markov_rank
         self.confidence_head = confidence_head
+        self.confidence_head_with_markov = confidence_head_with_markov
         self.confidence_temperatures = (
             list(confidence_temperatures) if confidence_temperatures is not None else [1.0] * block_size
         )
         self.qk_norm = qk_norm
+        self.layer_variant = layer_variant
+        self.attention_k_eq_v = attention_k_eq_v
         self.draft_vocab_size = draft_vocab_size
         self.target_model_type = target_model_type
         self.target_num_hidden_layers = target_num_hidden_layers
@@ -126,6 +139,8 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"block_size must be an int in [1, 64], got {self.block_size!r}")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        if self.layer_variant not in LAYER_VARIANTS:
+            raise ValueError(f"layer_variant must be one of {LAYER_VARIANTS}, got {self.layer_variant!r}")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
         if len(self.confidence_temperatures) != self.block_size:

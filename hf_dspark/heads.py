@@ -53,6 +53,24 @@ class MarkovHead(_LowRank):
         return bias, e
 
 
+class GatedMarkovHead(_LowRank):
+    """B_k = W2 · (g ⊙ W1[x_{k-1}]), g = σ(W_g [h_k ; W1[x_{k-1}]] + b): DeepSpec's code-only `gated` variant.
+    Stateless; the gate lets the backbone state h_k scale the transition bias."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
+        super().__init__(vocab_size, rank)
+        self.gate_proj = nn.Linear(hidden_size + rank, rank)
+
+    def pre_bias(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+        """→ (u = g ⊙ W1[prev] [..., r] with B = W2·u, W1[prev] [..., r], state unchanged)."""
+        e = self.W1(prev_ids)
+        gate = torch.sigmoid(self.gate_proj(torch.cat([h, e.to(h.dtype)], dim=-1)))
+        return gate * e, e, state
+
+    step = MarkovHead.step
+    block = MarkovHead.block
+
+
 class RNNHead(_LowRank):
     """Gated recurrent bias: s_k = σ(g)⊙s_{k-1} + (1-σ(g))⊙tanh(c), B_k = W2·tanh(o) (from the old state).
     Input order [state ; W1[x_{k-1}] ; h_k], output split (gate, candidate, output), as in DeepSpec."""
@@ -88,19 +106,22 @@ class RNNHead(_LowRank):
 class ConfidenceHead(nn.Module):
     """c_k = σ(w·[h_k ; W1[x_{k-1}]] + b). It never sees x_k, which keeps a scheduler using it lossless."""
 
-    def __init__(self, in_features: int):
+    def __init__(self, in_features: int, use_prev: bool = True):
         super().__init__()
         self.proj = nn.Linear(in_features, 1)
+        self.use_prev = use_prev  # False: DeepSpec's confidence_head_with_markov=false, the head reads h only
 
     def forward(self, h: torch.Tensor, prev_emb: torch.Tensor | None) -> torch.Tensor:
         """h [..., d], prev_emb [..., r] or None → raw logit [...] (σ and calibration are applied by the user)."""
-        x = h if prev_emb is None else torch.cat([h, prev_emb.to(h.dtype)], dim=-1)
+        x = h if prev_emb is None or not self.use_prev else torch.cat([h, prev_emb.to(h.dtype)], dim=-1)
         return self.proj(x).squeeze(-1)
 
 
 def build_head(config) -> nn.Module | None:
     if config.head_type == "markov":
         return MarkovHead(config.vocab_size, config.markov_rank, config.hidden_size)
+    if config.head_type == "gated":
+        return GatedMarkovHead(config.vocab_size, config.markov_rank, config.hidden_size)
     if config.head_type == "rnn":
         return RNNHead(config.vocab_size, config.markov_rank, config.hidden_size)
     return None
@@ -145,7 +166,7 @@ def sequential_draft(
     n = base_logits.shape[0]
     prev, state = anchor.view(1), None
     tokens, logits, confs = [], [], []
-    seq = prefix_ids
+    seq = prefix_ids.to(base_logits.device)  # processors index logits with it (device_map: may differ)
     for k in range(n):
         z = base_logits[k : k + 1]
         emb = None
