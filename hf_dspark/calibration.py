@@ -204,7 +204,12 @@ def main(args) -> int:
         stored = json.loads((Path(args.drafter) / "config.json").read_text()).get("dtype")
     if stored in ("bfloat16", "float16", "float32"):
         drafter = drafter.to(getattr(torch, stored))
-    drafter.save_pretrained(out)
+    if getattr(drafter, "deepspec_source", None):  # never rewrite DeepSpec files: temperatures go beside them
+        from .deepspec import save_calibration
+
+        save_calibration(drafter, out, sampling_temperature=args.temperature)
+    else:
+        drafter.save_pretrained(out)
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     print(f"{report['rounds']} rounds from {len(prompts)} prompts")
     for k, (b, a, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["temperatures"])):

@@ -305,6 +305,16 @@ def write_calibration(folder, temperatures, fc_weight: torch.Tensor, **info) -> 
     return out
 
 
+def save_calibration(drafter, folder=None, **info) -> Path:
+    """Write a DeepSpec-loaded drafter's fitted temperatures to `folder` (default: beside its checkpoint), keyed by
+    the checkpoint's own fc.weight bytes. The DeepSpec files themselves are never rewritten."""
+    src = getattr(drafter, "deepspec_source", None)
+    if src is None:
+        raise ValueError("this drafter was not loaded from a DeepSpec checkpoint: use drafter.save_pretrained")
+    fc = _tensor(read_header(weight_files(src))["fc.weight"])
+    return write_calibration(folder or src, drafter.config.confidence_temperatures, fc, **info)
+
+
 def _read_calibration(path, config: DSparkConfig, fc_weight: torch.Tensor, explicit) -> list[float] | None:
     f = Path(explicit) if explicit is not None else _resolve(path, CALIBRATION_FILE, {})
     if f is None or not f.is_file():

@@ -321,7 +321,12 @@ def test_calibration_lives_beside_the_checkpoint(qwen_files):
     write(folder, cfg, sd)
     temps = [0.5, 1.5, 2.0, 3.0]
     deepspec.write_calibration(folder, temps, sd["fc.weight"], target="tiny")
-    assert load(folder, target).config.confidence_temperatures == temps
+    drafter = load(folder, target)
+    assert drafter.config.confidence_temperatures == temps
+    drafter.config.confidence_temperatures = [1.25] * 4  # what `hf-dspark calibrate` does, then saves beside
+    deepspec.save_calibration(drafter)
+    assert load(folder, target).config.confidence_temperatures == [1.25] * 4
+    assert json.loads((folder / "config.json").read_text()) == cfg  # the DeepSpec files are never rewritten
     sd["fc.weight"] = sd["fc.weight"] * 2  # other weights: the sidecar no longer applies
     save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
     assert load(folder, target).config.confidence_temperatures == [1.0] * 4
