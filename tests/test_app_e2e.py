@@ -1,0 +1,117 @@
+"""End to end in a real browser: app.py (tiny seeded models) on 127.0.0.1, driven by Playwright in Debian's
+Chromium. Skips only when /usr/bin/chromium is absent (CI installs it: apt-get install -y chromium).
+
+HF_DSPARK_UPDATE_SCREENSHOT=1 also copies the screenshot to docs/demo.png (the README's picture).
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+ROOT = Path(__file__).resolve().parent.parent
+EVIL = 'Explain <script>alert("pwned")</script> & drafts'
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason=f"{CHROMIUM} not installed (apt-get install -y chromium)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", GRADIO_SSR_MODE="false",
+               PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, str(ROOT / "app.py"), "--tiny", "--threads", "1", "--host", "127.0.0.1",
+           "--port", str(port), "--max-new-tokens", "64"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.time() + 300  # first start builds and caches the tiny models (~1 min on a busy CPU)
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"app.py did not serve {url} in time:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.dialogs = []  # an alert() would mean injected script ran
+        pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+        pg.goto(app_url)
+        yield pg
+        browser.close()
+
+
+def test_generate_streams_coloured_tokens_and_stats(page, tmp_path):
+    page.locator("#prompt textarea").fill(EVIL)
+    page.locator("#generate-btn").click()
+    page.locator("#answer .streaming, #answer .stream-done").first.wait_for(timeout=60_000)
+    page.locator("#answer .stream-done").wait_for(timeout=180_000)
+    tokens = page.locator("#answer .tokens .tok")
+    assert tokens.count() > 10
+    committed = page.locator("#answer .tokens .tok-accepted, #answer .tokens .tok-target").count()
+    assert committed >= 10
+    assert page.locator("#answer .tokens .tok-target").count() >= 1
+    assert page.locator("#answer .tokens .tok-accepted").count() >= 1, "the trained tiny drafter accepts some drafts"
+    title = page.locator("#answer .tokens .tok-accepted").first.get_attribute("title")
+    assert "predicted survival c=" in title and "accepted" in title
+    # the prompt is shown as text: the script tag is visible, never executed or parsed
+    assert EVIL in page.locator("#answer .prompt").inner_text()
+    assert page.locator("#answer script").count() == 0 and page.dialogs == []
+    stats = page.locator("#stats").inner_text()
+    assert "τ" in stats and "tokens/s" in stats and "verify lengths" in stats
+    assert page.locator("#stats svg.bars").count() == 2
+    page.screenshot(path=str(tmp_path / "generate.png"), full_page=True)
+
+
+def test_race_reports_both_speeds_and_greedy_identity(page, tmp_path):
+    page.locator("#prompt textarea").fill("The drafter proposes a block of tokens.")
+    page.locator("#scheduler input[type=checkbox]").check()  # ℓ chosen from c_k (the device profile is measured once)
+    page.locator("#race-btn").click()
+    page.locator("#race .dspark-race .identical").wait_for(timeout=180_000)
+    race = page.locator("#race").inner_text()
+    assert "tok/s" in race and "greedy texts identical ✓" in race, race
+    assert "scheduler" in page.locator("#stats").inner_text()
+    assert page.dialogs == []
+    shot = tmp_path / "race.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("HF_DSPARK_UPDATE_SCREENSHOT"):
+        shutil.copy(shot, ROOT / "docs" / "demo.png")

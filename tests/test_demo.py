@@ -1,0 +1,159 @@
+"""The demo's logic without a browser: token fates, HTML rendering (escaping), request limits, verify policy."""
+
+import re
+
+import pytest
+import torch
+
+from hf_dspark import demo
+from hf_dspark.demo_session import (
+    MAX_PROMPT_CHARS,
+    Recorder,
+    Request,
+    check_request,
+    sampling_kwargs,
+    stream_generate,
+    verify_policy,
+)
+from hf_dspark.stats import DSparkStats, Round
+
+torch.set_num_threads(1)
+
+
+def rnd(tokens, verified, new_tokens, conf=None, probs=None):
+    accepted = 0
+    while accepted < min(verified, len(new_tokens)) and new_tokens[accepted] == tokens[accepted]:
+        accepted += 1
+    return Round(drafted=len(tokens), verified=verified, accepted=accepted, committed=len(new_tokens),
+                 draft_time=0.0, verify_time=0.0, confidence=conf or [0.9, 0.8, 0.7, 0.6][: len(tokens)],
+                 target_probs=probs or [0.5] * verified, tokens=tokens, new_tokens=new_tokens)
+
+
+def fates(rs, block=None):
+    return [(f.token_id, f.fate) for f in demo.classify([100], rs, block)]
+
+
+def test_fates_of_a_round_with_rejection_and_trimming():
+    # 4 drafts, 3 verified, 1 accepted: x2 is replaced by the target's 42, x3 rejected unseen, x4 trimmed
+    r = rnd([10, 11, 12, 13], verified=3, new_tokens=[10, 42])
+    assert fates([r]) == [(100, "target"), (10, "accepted"), (11, "rejected"), (12, "rejected"),
+                          (13, "trimmed"), (42, "target")]
+    f = demo.classify([], [r])
+    assert f[-1].detail == "correction" and f[-1].position == 2
+    assert demo.committed_ids(demo.classify([100], [r])) == [100, 10, 42]
+
+
+def test_all_accepted_gives_a_bonus_and_block_cap_hides_drafts_never_offered():
+    r = rnd([10, 11, 12, 13], verified=2, new_tokens=[10, 11, 55])
+    f = demo.classify([], [r], block=2)
+    assert [(x.token_id, x.fate) for x in f] == [(10, "accepted"), (11, "accepted"), (55, "target")]
+    assert f[-1].detail == "bonus"
+    # with the block at γ the same round's unverified drafts are the scheduler's trims
+    assert [x.fate for x in demo.classify([], [r], block=4)] == ["accepted", "accepted", "trimmed", "trimmed", "target"]
+
+
+def test_zero_verified_and_stop_without_bonus():
+    r0 = rnd([10, 11], verified=0, new_tokens=[7])
+    assert fates([r0]) == [(100, "target"), (10, "trimmed"), (11, "trimmed"), (7, "target")]
+    eos = rnd([10, 2, 5], verified=3, new_tokens=[10, 2])  # accepted EOS: nothing after it
+    assert fates([eos])[1:] == [(10, "accepted"), (2, "accepted"), (5, "rejected")]
+
+
+def test_hover_text_has_round_position_prediction_and_outcome():
+    r = rnd([10, 11], verified=2, new_tokens=[10, 9], conf=[0.91, 0.35], probs=[0.8, 0.1])
+    f = demo.classify([], [r])
+    assert demo.hover_text(f[0]) == "round 1, draft position 1: predicted survival c=0.91 → accepted, target p=0.80"
+    assert "c=0.35 → rejected" in demo.hover_text(f[1])
+    assert demo.hover_text(f[2]) == "round 1, position 2: correction token from the target"
+
+
+def test_rendering_escapes_script_in_prompt_and_answer():
+    evil = '<script>alert("x")</script>'
+    r = rnd([1, 2], verified=2, new_tokens=[1, 3])
+    text = {1: "<script>", 2: "&amp;", 3: '" onmouseover="alert(1)'}
+    html = demo.answer_html(evil, demo.classify([], [r]), text.get, done=True)
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert "&amp;amp;" in html  # already-escaped-looking text is shown literally, not unescaped
+    assert 'onmouseover="' not in html  # no attribute injection from token text
+    # every tag in the output is one of ours
+    assert set(re.findall(r"<([a-z]+)", html)) <= {"div", "span", "b", "s"}
+
+
+def test_discarded_drafts_are_struck_through_and_whitespace_is_visible():
+    r = rnd([5, 6], verified=1, new_tokens=[7])
+    html = demo.render_tokens(demo.classify([], [r]), {5: " ", 6: "\n", 7: "ok"}.get)
+    assert '<span class="tok tok-rejected"' in html and "<s>·</s>" in html
+    assert "<s>↵</s>" in html and 'class="tok tok-target"' in html
+
+
+def test_stats_panel_and_plots():
+    st = DSparkStats(block_size=3)
+    st.add(rnd([1, 2, 3], 3, [1, 2, 9], conf=[0.9, 0.8, 0.5]))
+    st.add(rnd([1, 2, 3], 2, [1, 8], conf=[0.7, 0.6, 0.1]))
+    html = demo.stats_html(st, n_tokens=5, elapsed=2.0, block=3, policy="<static>")
+    assert "2.50" in html and "2.5" in html and "&lt;static&gt;" in html  # τ = 5/2, 5 tok / 2 s
+    assert html.count("<svg") == 2 and 'class="dot"' in html
+    assert demo.predicted_survival(st.rounds, 3) == pytest.approx([0.8, 0.7, 0.5])
+    assert "waiting" in demo.stats_html(None, 0, 0.0, 3, "all")
+    assert "identical ✓" in demo.race_html(10.0, 5.0, True) and "2.00×" in demo.race_html(10.0, 5.0, True)
+    assert "independent draws" in demo.race_html(1.0, 1.0, None)
+
+
+def test_request_limits():
+    with pytest.raises(ValueError, match="limit"):
+        check_request(Request("x" * (MAX_PROMPT_CHARS + 1)), 7)
+    with pytest.raises(ValueError):
+        check_request(Request("   "), 7)
+    req = check_request(Request("hi", max_new_tokens=10_000, temperature=9, top_p=0, block=99), 7, max_new_tokens=128)
+    assert (req.max_new_tokens, req.temperature, req.top_p, req.block) == (128, 2.0, 0.05, 7)
+    assert sampling_kwargs(Request("hi"))["do_sample"] is False
+
+
+class _Drafter:
+    def __init__(self, gamma=7, confidence=True):
+        self.config = type("C", (), {"block_size": gamma})()
+        self.confidence = object() if confidence else None
+
+
+class _Profile:
+    def verify_length(self, conf):
+        return 5
+
+
+def test_verify_policy_from_controls():
+    d = _Drafter()
+    assert verify_policy(Request("p", block=7), d)[0] == "all"
+    assert verify_policy(Request("p", block=3), d)[0] == 3
+    assert verify_policy(Request("p", block=7, scheduler=True), d)[0] == "scheduler"
+    capped, desc, _ = verify_policy(Request("p", block=3, scheduler=True), d, lambda _: _Profile())
+    assert capped(torch.ones(7)) == 3 and "≤ 3" in desc
+    policy, _, note = verify_policy(Request("p", block=7, scheduler=True), _Drafter(confidence=False))
+    assert policy == "all" and "no confidence head" in note
+
+
+def test_stream_generate_on_a_tiny_target_matches_plain_generate():
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.demo_models import tiny_target
+
+    t = tiny_target(40)
+    d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    gen = {"max_new_tokens": 12, "do_sample": False}
+    *_, p = stream_generate(t, {"input_ids": ids}, gen, drafter=d, policy=3, poll=0.01)
+    assert p.done and p.error is None and d.verify_policy == "all"  # the policy is restored afterwards
+    f = demo.classify(p.recorder.first_ids, p.rounds, 3)
+    ref = t.generate(ids, **gen)
+    assert demo.committed_ids(f) == p.recorder.ids == ref[0, 4:].tolist()
+    assert all(r.verified <= 3 for r in p.rounds)
+    *_, plain = stream_generate(t, {"input_ids": ids}, gen)
+    assert torch.equal(plain.output, ref)
+
+
+def test_recorder_skips_the_prompt():
+    r = Recorder()
+    r.put(torch.tensor([[1, 2, 3]]))
+    r.put(torch.tensor([4]))
+    r.put(torch.tensor([5, 6]))
+    r.end()
+    assert r.first_ids == [4] and r.ids == [4, 5, 6] and r.done
