@@ -1,6 +1,7 @@
 """kernels/dspark_kernels against their PyTorch references. Without CUDA the kernels run in Triton's CPU
-interpreter (TRITON_INTERPRET=1, set here before any kernel module is imported); shapes stay tiny because
-the interpreter is slow. The same file runs compiled on a GPU (scripts/gpu_check.sh)."""
+interpreter: run `TRITON_INTERPRET=1 pytest tests/test_kernels.py` (Triton reads it when first imported, and
+tests/conftest.py imports it through transformers); shapes stay tiny because the interpreter is slow.
+The same file runs compiled on a GPU (scripts/gpu_check.sh)."""
 
 import os
 import sys
@@ -16,20 +17,22 @@ _KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 if str(_KERNELS) not in sys.path:  # a checkout whose install predates kernels/ (pyproject should list it)
     sys.path.insert(0, str(_KERNELS))
 
-tl = pytest.importorskip("triton.language", reason="triton is not installed (pip install triton: its CPU interpreter suffices)")
+tl = pytest.importorskip("triton.language", reason="triton is not installed (pip install triton: its CPU "
+                         "interpreter suffices)")
 if DEVICE == "cpu" and type(tl.zeros).__name__ != "InterpretedFunction":
     # Triton fixes interpreter vs compiler when it is imported, and `from transformers import LlamaForCausalLM`
     # (tests/conftest.py) imports it: the interpreter must be switched on before pytest starts.
     pytest.skip("no GPU and triton was imported without its interpreter: run TRITON_INTERPRET=1 pytest ...",
                 allow_module_level=True)
 
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper  # noqa: E402
+from dspark_kernels import dispatch, reference
+from dspark_kernels.context_fusion import context_fusion
+from dspark_kernels.markov_draft import markov_draft
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from dspark_kernels import dispatch, reference  # noqa: E402
-from dspark_kernels.context_fusion import context_fusion  # noqa: E402
-from dspark_kernels.markov_draft import markov_draft  # noqa: E402
-from hf_dspark import DSparkDrafter, candidate, drafter as drafter_mod, heads  # noqa: E402
-from tests.conftest import tiny_target  # noqa: E402
+from hf_dspark import DSparkDrafter, candidate, heads
+from hf_dspark import drafter as drafter_mod
+from tests.conftest import tiny_target
 
 
 def _draft_inputs(seed, n, V, vd, r, d, dtype=torch.float32):
@@ -38,7 +41,7 @@ def _draft_inputs(seed, n, V, vd, r, d, dtype=torch.float32):
     U = torch.randn(n, vd, generator=g) * 2
     w1, w2 = torch.randn(V, r, generator=g).to(dtype), torch.randn(vd, r, generator=g).to(dtype)
     h = torch.randn(n, d, generator=g).to(dtype)
-    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    to = lambda t: None if t is None else t.to(DEVICE)
     return to(U), to(vocab), to(w1), to(w2), to(h)
 
 
@@ -52,6 +55,7 @@ CASES = [
     (41, 41, 4, 8, 16, True, True, 0.5, 5),
     (53, 19, 6, 8, 16, True, True, None, 30),
     (53, 19, 6, 8, 16, True, True, None, 7),
+    (37, 37, 5, 8, 16, True, True, None, 1),
 ]
 
 
@@ -78,7 +82,7 @@ def test_markov_draft_matches_reference(case, sample):
 
 def test_markov_draft_bf16_weights():
     """bf16 drafter weights: the bias is rounded to bf16 as the reference's matmul output is."""
-    U, vocab, w1, w2, h = _draft_inputs(0, 3, 45, 45, 8, 8, dtype=torch.bfloat16)
+    U, _, w1, w2, _ = _draft_inputs(0, 3, 45, 45, 8, 8, dtype=torch.bfloat16)
     tk, lk, _ = markov_draft(U, torch.tensor(1, device=DEVICE), w1, w2, block_v=16)
     tr, lr, _ = reference.markov_draft(U, torch.tensor(1, device=DEVICE), w1, w2)
     assert tk.tolist() == tr.tolist()
@@ -149,7 +153,8 @@ def test_hf_dspark_is_wired_to_the_dispatch():
 @pytest.fixture
 def kernel_path(monkeypatch):
     """Force the kernels and count their launches through the dispatch (wired as hf_dspark would be)."""
-    from dspark_kernels import context_fusion as cf_mod, markov_draft as md_mod
+    from dspark_kernels import context_fusion as cf_mod
+    from dspark_kernels import markov_draft as md_mod
 
     monkeypatch.setenv(dispatch.ENV, "triton")
     monkeypatch.setattr(candidate, "sequential_draft", dispatch.sequential_draft)
@@ -169,7 +174,7 @@ def kernel_path(monkeypatch):
 
 def test_dispatch_draft_equals_reference(kernel_path):
     """The drafter's own inputs through both paths: same greedy tokens, same logits and confidences."""
-    model, dr = tiny_pair(vocab=list(range(0, 48, 3)))
+    _, dr = tiny_pair(vocab=list(range(0, 48, 3)))
     g = torch.Generator().manual_seed(3)
     h = torch.randn(4, 16, generator=g).to(DEVICE)
     vocab, lm_rows, w2 = dr.draft_weights()

@@ -128,7 +128,7 @@ def _markov_draft_step(
                 s = z + _gumbel(tl.load(u_ptr + k * stride_u + offs, mask=valid, other=0.5))
             keys = tl.where(valid, _pack(s, jj, MAXJ), PAD)
             tl.store(cand_ptr + k * NB + pid, tl.max(keys))
-        if HAS_CONF:
+        if HAS_CONF:  # noqa: SIM102 (constexpr outside, runtime inside: Triton compiles the outer away)
             if pid == 0:
                 do = tl.arange(0, BLOCK_D)
                 acc = tl.zeros([BLOCK_D], tl.float32)
@@ -174,8 +174,10 @@ def markov_draft(
     V = vocab_size or vd
     base_logits = base_logits.float().contiguous()
     use_topk = top_k is not None and top_k < V
-    kc = triton.next_power_of_2(top_k) if use_topk else 1
+    kc = max(2, triton.next_power_of_2(top_k)) if use_topk else 1  # tl.sort wants a power of 2 above 1
     block_v = max(triton.next_power_of_2(min(block_v, vd)), kc, 16)
+    while triton.cdiv(vd, block_v) > 64 and block_v < 4096:  # few blocks: every program reduces them all
+        block_v *= 2
     nb = triton.cdiv(vd, block_v)
     has_head, has_conf = w1 is not None, conf_w is not None
     r = w1.shape[1] if has_head else 1
