@@ -224,7 +224,8 @@ def test_end_to_end_sampling_runs_on_the_kernel_path(kernel_path):
         assert bool((torch.isfinite(b.logits).sum(-1) <= 6).all())  # top-k masked in q itself
 
 
-@pytest.mark.slow
+@pytest.mark.skipif(DEVICE == "cpu" and not os.environ.get("HF_DSPARK_SLOW"),
+                    reason="~11 min in Triton's CPU interpreter: runs on a GPU (scripts/gpu_check.sh) or with HF_DSPARK_SLOW=1")
 def test_sampling_exactness_on_the_kernel_path(kernel_path):
     """tests/test_sampling.py's G-test with the kernels drafting (slow in the interpreter; seconds on a GPU)."""
     pytest.importorskip("scipy")
