@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from .candidate import DSparkCandidateGenerator, enable
 from .config import DSparkConfig
 from .drafter import DSparkDrafter
-from .models import load_default_target
+from .models import load_default_drafter, load_default_target
 from .processors import DSparkLogitsProcessor
 from .stats import DSparkStats
 
@@ -26,5 +26,6 @@ __all__ = [
     "DSparkLogitsProcessor",
     "DSparkStats",
     "enable",
+    "load_default_drafter",
     "load_default_target",
 ]

@@ -72,3 +72,16 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return enable(model), tok
+
+
+DEFAULT_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dspark"
+
+
+def load_default_drafter(model):
+    """The shipped DSpark drafter for SmolLM2-135M-Instruct (trained and calibrated with `hf-dspark train` /
+    `hf-dspark calibrate`, see docs/training.md), bound to `model` and cast to its dtype and device."""
+    from .drafter import DSparkDrafter
+
+    if not (DEFAULT_DRAFTER / "model.safetensors").exists():
+        raise RuntimeError(f"the shipped drafter is missing from {DEFAULT_DRAFTER}; reinstall hf_dspark")
+    return DSparkDrafter.from_pretrained(DEFAULT_DRAFTER, target=model)
