@@ -119,7 +119,7 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
 
     rounds = []
     torch.manual_seed(seed)
-    sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else dict(do_sample=False)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False}
     for p in tqdm(prompts, desc="calibration prompts"):
         ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True)

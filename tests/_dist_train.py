@@ -7,9 +7,9 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _tiny import target_records, tiny_target  # noqa: E402
+from _tiny import target_records, tiny_target
 
-from hf_dspark.training.trainer import TrainConfig, train  # noqa: E402
+from hf_dspark.training.trainer import TrainConfig, train
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

@@ -19,8 +19,8 @@ def _prompts():
     if EVAL.exists():
         with open(EVAL) as f:
             return [json.loads(next(f))["turns"][0] for _ in range(2)]
-    return ["Tom has 3 apples and buys 5 more. How many apples does he have?\nPlease reason step by step, and put "
-            "your final answer within \\boxed{}."] * 2
+    return [("Tom has 3 apples and buys 5 more. How many apples does he have?\nPlease reason step by step, and put "
+            "your final answer within \\boxed{}.")] * 2
 
 
 def test_shipped_drafter_is_small_bf16_safetensors():

@@ -55,7 +55,7 @@ def sample_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: tor
     positions = anchors[..., None] + j  # [B, N, γ]
     label_pos = positions + 1
     in_seq = label_pos < lengths[:, None, None]
-    gather = lambda t, pos: torch.gather(t, 1, pos.clamp(max=n - 1).flatten(1)).view(B, N, g)  # noqa: E731
+    gather = lambda t, pos: torch.gather(t, 1, pos.clamp(max=n - 1).flatten(1)).view(B, N, g)
     labels = gather(input_ids, label_pos)
     prev_ids = gather(input_ids, positions)
     valid = in_seq & gather(loss_mask, label_pos).bool() & keep[..., None]

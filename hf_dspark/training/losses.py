@@ -21,7 +21,7 @@ class LossWeights:
     decay: float = 4.0  # w_k = exp(-k / decay), k = 0..γ-1 (released configs use 4.0 for γ = 7)
 
     @classmethod
-    def dflash(cls) -> "LossWeights":
+    def dflash(cls) -> LossWeights:
         """The DFlash ablation: CE only (no Markov head, no confidence head), same decay."""
         return cls(ce=1.0, l1=0.0, conf=0.0)
 
@@ -53,8 +53,9 @@ def weighted_sums(terms: dict, valid: torch.Tensor, decay: float):
     return sums, w.sum()
 
 
-def dspark_loss(draft_logits, target_logits, labels, valid, conf_logits=None, weights: LossWeights = LossWeights()):
+def dspark_loss(draft_logits, target_logits, labels, valid, conf_logits=None, weights: LossWeights | None = None):
     """Single-process convenience: [N, γ, V] logits, labels/valid/conf_logits [N, γ] → (loss, {term: mean})."""
+    weights = weights or LossWeights()
     terms = block_terms(draft_logits, target_logits, labels, conf_logits)
     sums, denom = weighted_sums(terms, valid, weights.decay)
     means = {k: v / denom.clamp(min=1e-8) for k, v in sums.items()}

@@ -72,7 +72,7 @@ def hash_id(key: str) -> int:
 
 # ---- schedule --------------------------------------------------------------------------------------------
 def lr_lambda(total: int, warmup_frac: float = 0.04):
-    warmup = max(1, int(round(warmup_frac * total)))
+    warmup = max(1, round(warmup_frac * total))
 
     def f(t: int) -> float:
         if t < warmup:
@@ -114,8 +114,8 @@ class TrainConfig:
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
-    over = dict(block_size=cfg.block_size, num_hidden_layers=cfg.num_layers, head_type=cfg.head,
-                markov_rank=cfg.markov_rank, confidence_head=cfg.head != "none")
+    over = {"block_size": cfg.block_size, "num_hidden_layers": cfg.num_layers, "head_type": cfg.head,
+                "markov_rank": cfg.markov_rank, "confidence_head": cfg.head != "none"}
     if cfg.taps:
         over["target_layer_ids"] = list(cfg.taps)
     if cfg.mask_token_id is not None:
