@@ -37,6 +37,13 @@ def load_target_and_drafter(target: str | None, drafter: str | None, dtype: torc
     return model, tok, DSparkDrafter.from_target(model), "random (untrained) drafter"
 
 
+def _policy(text: str):
+    """'all' | 'scheduler' | an int k | 'threshold:T' → drafter.verify_policy."""
+    if text.startswith("threshold:"):
+        return ("threshold", float(text.split(":", 1)[1]))
+    return int(text) if text.isdigit() else text
+
+
 def _timed_generate(model, inputs, **kwargs):
     t0 = time.perf_counter()
     out = model.generate(**inputs, **kwargs)
@@ -47,6 +54,7 @@ def cmd_generate(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, drafter, what = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
+    drafter.verify_policy = _policy(args.verify)
     messages = [{"role": "user", "content": args.prompt}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) if tok.chat_template else args.prompt
     inputs = tok(text, return_tensors="pt").to(model.device)
@@ -71,6 +79,7 @@ def cmd_generate(args) -> int:
     print(f"plain generate : {n_plain:4d} tokens in {t_plain:6.2f} s = {n_plain / t_plain:6.1f} tok/s")
     print(f"DSpark         : {n_spec:4d} tokens in {t_spec:6.2f} s = {n_spec / t_spec:6.1f} tok/s "
           f"({(n_spec / t_spec) / (n_plain / t_plain):.2f}x)")
+    print(f"verify policy: {args.verify}; verified drafts per round: {st.verify_lengths}")
     print(f"τ (accepted per round, incl. bonus) = {st.tau:.2f} over {len(st.rounds)} rounds; "
           f"conditional acceptance by position = {[round(x, 2) for x in st.conditional_acceptance]}")
     if args.do_sample:
@@ -100,6 +109,8 @@ def main(argv=None) -> int:
     g.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    g.add_argument("--verify", default="scheduler",
+                   help="drafts verified per round: scheduler (profiled on first use), all, an int k, threshold:T")
     g.set_defaults(func=cmd_generate)
 
     # Other subcommands register themselves here (one line each).
