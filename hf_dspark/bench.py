@@ -164,12 +164,11 @@ def markdown_table(res: dict) -> str:
 
 def plot(res: dict, path: Path) -> None:
     """τ-per-position (conditional acceptance) per method, and speedup per dataset."""
-    import matplotlib
+    # A bare Figure (no pyplot): works headless and leaves the caller's backend alone (a notebook's inline one).
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    a, b = fig.subplots(1, 2)
     for name, entry in res["methods"].items():
         if "conditional_acceptance" in entry["all"]:
             ca = entry["all"]["conditional_acceptance"]
@@ -188,7 +187,6 @@ def plot(res: dict, path: Path) -> None:
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def add_parser(sub) -> None:

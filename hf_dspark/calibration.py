@@ -85,13 +85,12 @@ def rounds_to_arrays(rounds, block_size: int, temps) -> tuple[np.ndarray, np.nda
 
 
 def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 20) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure (no pyplot): works headless and leaves the caller's backend alone (a notebook's inline one).
+    from matplotlib.figure import Figure
 
     gamma = z.shape[1]
-    fig, axes = plt.subplots(1, gamma, figsize=(2.6 * gamma, 2.9), sharey=True)
+    fig = Figure(figsize=(2.6 * gamma, 2.9))
+    axes = fig.subplots(1, gamma, sharey=True)
     axes = np.atleast_1d(axes)
     for k, ax in enumerate(axes):
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
@@ -108,7 +107,6 @@ def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 2
     axes[0].set_ylabel("observed prefix survival")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---- collecting rounds ---------------------------------------------------------------------------------
