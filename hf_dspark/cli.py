@@ -121,6 +121,7 @@ def main(argv=None) -> int:
     from . import deepspec as _deepspec; _deepspec.add_parser(sub)  # noqa: E702
     from . import demo_cli as _demo; _demo.add_parser(sub)  # noqa: E702
     from . import bench as _bench; _bench.add_parser(sub)  # noqa: E702
+    from . import replay as _replay; _replay.add_parser(sub)  # noqa: E702
 
     args = parser.parse_args(argv)
     return args.func(args)

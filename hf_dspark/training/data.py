@@ -114,6 +114,7 @@ def run(prompt_files: list[str], output: str, exclude: list[str] = (), limit: in
     """Generate answers for the shuffled, seeded union of `prompt_files` into `output`. Returns lines written."""
     if threads:
         torch.set_num_threads(threads)
+    torch.manual_seed(seed)  # sampled answers reproducible run to run (same batches, same machine)
     prompts = [p for f in prompt_files for p in read_prompts(f)]
     check_excluded(prompts, list(exclude))
     random.Random(seed).shuffle(prompts)

@@ -1,0 +1,190 @@
+"""Replay τ: a drafter's acceptance measured on the target's own outputs, without running speculative decoding.
+
+Running `generate` with a drafter costs a target forward per round; measuring τ on hundreds of prompts that
+way takes hours on a CPU. Because decoding is lossless, the same numbers can be had from the target's plain
+outputs: one target forward per sequence gives every tapped feature, and one teacher-forced drafter pass
+drafts the block of *every* anchor at once (the training objective's block mask). The rounds are then walked
+left to right exactly as `DSparkCandidateGenerator` + transformers would (verify all drafts, bonus token,
+the length limit trimming the last blocks):
+
+- greedy (responses from `hf-dspark data --temperature 0`): draft k is accepted iff the drafter's argmax equals
+  the target's next token. The drafter sees exactly what it sees in `generate` (context < anchor, Markov
+  previous token = the accepted one), so the rounds are the same, up to float rounding of a batched forward.
+- temperature 1 (responses sampled at T = 1, no top-k/top-p): speculative sampling emits y ~ p, and given that
+  the emitted token is y, the draft was accepted with probability min(p(y), q(y)) / p(y) (P(accept, y) =
+  min(p, q)(y); P(y) = p(y)); what follows y does not depend on how y was produced. So walking the target's
+  sample and drawing each acceptance with that probability reproduces the joint law of (output, rounds) of
+  real speculative sampling. q is the drafter's distribution given the accepted previous token, as at
+  inference (pruned draft vocabulary: q = 0 outside it).
+
+tests/test_replay.py checks both against real `generate` runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .stats import DSparkStats, Round
+from .training.anchors import block_mask
+from .training.features import target_features
+
+
+@torch.no_grad()
+def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: int = 64) -> dict:
+    """One sequence x = prompt + response (length L, prompt P) → for every anchor a = P..L-2 and slot j:
+
+    match [A, γ] bool: the drafter's greedy draft j equals x_{a+j+1};
+    accept [A, γ] float: min(1, q(x_{a+j+1}) / p(x_{a+j+1})) at temperature 1 (0 past the end);
+    target_greedy [R] bool: x_{t+1} is the target's argmax after x_{≤t} (checks a greedy file is greedy).
+    """
+    dr, target = drafter, drafter.target
+    g, dev = dr.config.block_size, dr.device
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=target.device)
+    P, L = len(prompt_ids), ids.shape[1]
+    feats, last = target_features(target, ids, torch.ones_like(ids), dr.config.target_layer_ids)
+    feats, last, ids = feats.to(dev), last.to(dev), ids.to(dev)
+    kv = dr.context_kv(feats, torch.arange(L, device=dev)[None])
+    logp_t = torch.log_softmax(dr.base_logits(last[0, P - 1 : L - 1]), -1)  # [R, V]: p after x_{≤t}
+    nxt = ids[0, P:L]
+    lp_target = logp_t.gather(-1, nxt[:, None])[:, 0]  # [R] log p(x_{t+1})
+    target_greedy = logp_t.argmax(-1) == nxt
+    vocab, lm_rows, w2 = dr.draft_weights()
+    pad = torch.cat([ids[0], ids.new_full((g + 1,), -1)])  # labels past the end never match
+    matches, accepts = [], []
+    for start in range(P, L - 1, chunk):
+        a = torch.arange(start, min(start + chunk, L - 1), device=dev)  # [C] anchors
+        C = a.shape[0]
+        pos = a[:, None] + torch.arange(g, device=dev)  # [C, γ]: slot j sits at a+j, predicts x_{a+j+1}
+        block_in = torch.full((C, g), dr.config.mask_token_id, device=dev)
+        block_in[:, 0] = ids[0, a]
+        h = dr.backbone(dr.embed(block_in.view(1, -1)), pos.view(1, -1), kv, block_mask(a[None], g, L))
+        h = h.view(C, g, -1)
+        labels, prev = pad[pos + 1], pad[pos].clamp(min=0)  # teacher forcing: prev = the accepted token
+        z = dr.base_logits(h, lm_rows)  # [C, γ, V'] float32
+        if dr.head is not None:
+            state, us = None, []
+            for k in range(g):
+                u, _, state = dr.head.pre_bias(prev[:, k], h[:, k], state)
+                us.append(u)
+            z = z + (torch.stack(us, 1) @ (dr.head.W2.weight if w2 is None else w2).T).float()
+        top = z.argmax(-1)
+        draft_top = vocab[top] if vocab is not None else top
+        matches.append(draft_top == labels)
+        logq = torch.log_softmax(z, -1)
+        if vocab is not None:  # q = 0 outside the draft vocabulary
+            where = torch.full((dr.config.vocab_size,), -1, dtype=torch.long, device=dev)
+            where[vocab] = torch.arange(len(vocab), device=dev)
+            col = where[labels.clamp(min=0)]
+            lq = logq.gather(-1, col.clamp(min=0)[..., None])[..., 0].masked_fill(col < 0, float("-inf"))
+        else:
+            lq = logq.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+        t = (pos + 1 - P).clamp(max=L - P - 1)  # index of the label's step in lp_target
+        acc = torch.exp(torch.clamp(lq - lp_target[t], max=0.0))
+        accepts.append(acc.masked_fill(labels < 0, 0.0))
+    return {"match": torch.cat(matches).cpu(), "accept": torch.cat(accepts).float().cpu(),
+            "target_greedy": target_greedy.cpu()}
+
+
+def walk(accepted_at, P: int, L: int, max_new_tokens: int, block_size: int) -> list[Round]:
+    """The rounds of one generation of L - P tokens (prefill round excluded, as in DSparkStats), verify-all.
+
+    accepted_at(a, j) → bool: is draft j of the block anchored at position a accepted (given 0..j-1 were)?
+    Mirrors DSparkCandidateGenerator: n = min(γ, max_length - cur_len - 1) drafts; the target commits the
+    accepted drafts plus one token, and the generation ends at L (EOS or the length limit)."""
+    rounds, cur = [], P + 1  # the prefill committed the first new token
+    max_length = P + max_new_tokens
+    while cur < L:
+        n = max(min(block_size, max_length - cur - 1), 0)
+        accepted = 0
+        while accepted < n and cur + accepted < L and accepted_at(cur - 1, accepted):
+            accepted += 1
+        committed = min(accepted + 1, L - cur)
+        rounds.append(Round(drafted=n, verified=n, accepted=accepted, committed=committed, draft_time=0.0,
+                            verify_time=0.0))
+        cur += committed
+    return rounds
+
+
+def replay(drafter, records: list[dict], mode: str, max_new_tokens: int, samples: int = 4, seed: int = 0,
+           progress: bool = True) -> DSparkStats:
+    """Pooled replay statistics over `records` ({"prompt_ids", "response_ids"}, as `hf-dspark data` writes).
+
+    mode "greedy" or "t1"; at T = 1 every sequence is walked `samples` times with independent acceptance
+    draws. Raises if a "greedy" file is not the target's greedy output (< 99% argmax agreement)."""
+    if mode not in ("greedy", "t1"):
+        raise ValueError(f"mode must be 'greedy' or 't1', got {mode!r}")
+    if drafter.target is None:
+        raise ValueError("bind the drafter to its target first (DSparkDrafter.from_pretrained(..., target=model))")
+    stats = DSparkStats(block_size=drafter.config.block_size)
+    gen = torch.Generator().manual_seed(seed)
+    agree = total = 0
+    for rec in tqdm(records, desc=f"replay ({mode})", disable=not progress):
+        P, R = len(rec["prompt_ids"]), len(rec["response_ids"])
+        if R < 2:
+            continue
+        if R > max_new_tokens:
+            raise ValueError(f"record {rec.get('id')} has {R} response tokens > max_new_tokens={max_new_tokens}")
+        s = slot_scores(drafter, rec["prompt_ids"], rec["response_ids"])
+        agree, total = agree + int(s["target_greedy"].sum()), total + len(s["target_greedy"])
+        if mode == "greedy":
+            m = s["match"]
+            stats.rounds += walk(lambda a, j: bool(m[a - P, j]), P, P + R, max_new_tokens, stats.block_size)
+        else:
+            for _ in range(samples):
+                u = torch.rand(s["accept"].shape, generator=gen)
+                ok = u < s["accept"]
+                stats.rounds += walk(lambda a, j: bool(ok[a - P, j]), P, P + R, max_new_tokens, stats.block_size)
+        stats.new_tokens += R
+    if mode == "greedy" and total and agree / total < 0.99:
+        raise ValueError(f"only {agree / total:.1%} of the response tokens are the target's argmax: these are not "
+                         "this target's greedy outputs (use mode 't1' for samples, or regenerate with --temperature 0)")
+    stats.target_argmax_agreement = agree / total if total else float("nan")
+    return stats
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------
+def add_parser(subparsers):
+    p = subparsers.add_parser("replay", help="τ of drafters replayed on the target's own outputs (fast, exact)")
+    p.add_argument("responses", nargs="+", help="JSONL from `hf-dspark data` (greedy: --temperature 0; t1: "
+                                                "--temperature 1 --top-p 1)")
+    p.add_argument("--mode", required=True, choices=["greedy", "t1"])
+    p.add_argument("--drafter", action="append", required=True, help="drafter folder (repeat to compare)")
+    p.add_argument("--target", help="target folder (default: the embedded SmolLM2)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the generation length the responses used")
+    p.add_argument("--samples", type=int, default=4, help="acceptance draws per sequence at T = 1")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", help="JSON file for every number")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    from .cli import load_target_and_drafter
+    from .drafter import DSparkDrafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, _, _, _ = load_target_and_drafter(args.target, args.drafter[0], torch.float32, "cpu")
+    results = {}
+    for f in args.responses:
+        records = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+        for d in args.drafter:
+            st = replay(DSparkDrafter.from_pretrained(d, target=model), records, args.mode, args.max_new_tokens,
+                        args.samples)
+            ca = ", ".join(f"{x:.3f}" for x in st.conditional_acceptance)
+            print(f"{Path(f).name} | {d}: τ {st.tau:.3f} over {len(st.rounds)} rounds, {len(records)} sequences, "
+                  f"{st.new_tokens} tokens; conditional acceptance [{ca}]")
+            results.setdefault(Path(f).name, {})[d] = {
+                "tau": st.tau, "rounds": len(st.rounds), "sequences": len(records), "tokens": st.new_tokens,
+                "conditional_acceptance": st.conditional_acceptance, "acceptance_rate": st.acceptance_rate,
+                "acceptance_histogram": st.acceptance_histogram,
+                "target_argmax_agreement": st.target_argmax_agreement}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"mode": args.mode, "max_new_tokens": args.max_new_tokens,
+                                              "samples": args.samples, "results": results}, indent=1))
+    return 0
