@@ -189,6 +189,17 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def policy_name(policy) -> str:
+    """The method name of DSpark under a verify policy: dspark, dspark+scheduler, dspark-k3, dspark-threshold-0.5."""
+    if policy == "all":
+        return "dspark"
+    if policy == "scheduler":
+        return "dspark+scheduler"
+    if isinstance(policy, tuple):
+        return f"dspark-threshold-{policy[1]:g}"
+    return f"dspark-k{policy}"
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="DSpark vs plain generate, prompt lookup and the DFlash ablation, side by side")
     p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [...]})")
@@ -200,7 +211,9 @@ def add_parser(sub) -> None:
     p.add_argument("--do-sample", action="store_true")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--prompt-lookup", type=int, default=7, help="prompt_lookup_num_tokens (0 = skip)")
-    p.add_argument("--no-scheduler", action="store_true")
+    p.add_argument("--policies", default="all,scheduler",
+                   help="DSpark verify policies to run, comma separated: all, scheduler, an int k (static length), "
+                        "threshold:T (static confidence threshold)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="out/bench", help="folder for results.json, results.md, plot.png")
@@ -208,7 +221,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .cli import _dtype, load_target_and_drafter
+    from .cli import _dtype, _policy, load_target_and_drafter
     from .drafter import DSparkDrafter
 
     if args.threads:
@@ -220,9 +233,9 @@ def cmd_bench(args) -> int:
         methods.append(Method(f"prompt-lookup-{args.prompt_lookup}", {"prompt_lookup_num_tokens": args.prompt_lookup}))
     if args.ablation:
         methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
-    methods.append(Method("dspark", drafter=drafter))
-    if not args.no_scheduler:  # same drafter; run_bench sets its verify_policy per call
-        methods.append(Method("dspark+scheduler", drafter=drafter, policy="scheduler"))
+    for text in args.policies.split(","):  # one drafter; run_bench sets its verify_policy per call
+        policy = _policy(text.strip())
+        methods.append(Method(policy_name(policy), drafter=drafter, policy=policy))
     prompts = load_prompts(args.prompts, args.limit)
     res = run_bench(model, tok, methods, prompts, args.max_new_tokens, args.do_sample, args.temperature)
     out = Path(args.out)

@@ -68,3 +68,11 @@ def test_sampled_runs_have_no_identity_claim():
     model = tiny_target()
     res = run_bench(model, Tok(), methods(model)[:4], PROMPTS[:2], max_new_tokens=8, do_sample=True, warmup=0)
     assert "mismatches" not in res["methods"]["dspark"]["all"]
+
+
+def test_policy_names():
+    from hf_dspark.bench import policy_name
+    from hf_dspark.cli import _policy
+
+    assert [policy_name(_policy(t)) for t in "all,scheduler,3,threshold:0.5".split(",")] == [
+        "dspark", "dspark+scheduler", "dspark-k3", "dspark-threshold-0.5"]
