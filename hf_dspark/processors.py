@@ -24,14 +24,16 @@ class DSparkLogitsProcessor(LogitsProcessor):
         self.target_probs, self.target_tokens = {}, {}
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if torch.isnan(scores).any() or torch.isposinf(scores).any():
+        top, arg = scores[0].max(-1)  # one pass: max propagates NaN, and +inf is the max if present
+        if torch.isnan(top) or torch.isposinf(top):
             # -inf is a processor's "forbidden"; NaN/+inf mean the target itself broke (e.g. fp16 overflow).
             raise ValueError(f"the target produced NaN/+inf logits at sequence length {input_ids.shape[1]}")
         if self.candidate is None:  # the prefill step: nothing drafted yet
             return scores
         k = input_ids.shape[1] - self.cur_len + 1  # which draft position these scores judge
-        self.target_tokens[k] = int(scores[0].argmax())
+        self.target_tokens[k] = int(arg)
         if input_ids.shape[1] < self.candidate.shape[1]:
             token = self.candidate[0, input_ids.shape[1]]
-            self.target_probs[k] = float(torch.softmax(scores[0].float(), dim=-1)[token])
+            s = scores[0].float()
+            self.target_probs[k] = float(torch.exp(s[token] - torch.logsumexp(s, -1)))
         return scores
