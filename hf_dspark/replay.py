@@ -39,7 +39,9 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
 
     match [A, γ] bool: the drafter's greedy draft j equals x_{a+j+1};
     accept [A, γ] float: min(1, q(x_{a+j+1}) / p(x_{a+j+1})) at temperature 1 (0 past the end);
-    target_greedy [R] bool: x_{t+1} is the target's argmax after x_{≤t} (checks a greedy file is greedy).
+    target_greedy [R] bool: x_{t+1} is the target's argmax after x_{≤t} (checks a greedy file is greedy);
+    conf / conf_greedy [A, γ] float: raw confidence logits, teacher-forced / along the greedy draft's own chain
+    (drafters with a confidence head).
     """
     dr, target = drafter, drafter.target
     g, dev = dr.config.block_size, dr.device
@@ -54,7 +56,7 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
     target_greedy = logp_t.argmax(-1) == nxt
     vocab, lm_rows, w2 = dr.draft_weights()
     pad = torch.cat([ids[0], ids.new_full((g + 1,), -1)])  # labels past the end never match
-    matches, accepts = [], []
+    matches, accepts, confs, confs_own = [], [], [], []
     for start in range(P, L - 1, chunk):
         a = torch.arange(start, min(start + chunk, L - 1), device=dev)  # [C] anchors
         C = a.shape[0]
@@ -64,16 +66,13 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
         h = dr.backbone(dr.embed(block_in.view(1, -1)), pos.view(1, -1), kv, block_mask(a[None], g, L))
         h = h.view(C, g, -1)
         labels, prev = pad[pos + 1], pad[pos].clamp(min=0)  # teacher forcing: prev = the accepted token
-        z = dr.base_logits(h, lm_rows)  # [C, γ, V'] float32
-        if dr.head is not None:
-            state, us = None, []
-            for k in range(g):
-                u, _, state = dr.head.pre_bias(prev[:, k], h[:, k], state)
-                us.append(u)
-            z = z + (torch.stack(us, 1) @ (dr.head.W2.weight if w2 is None else w2).T).float()
-        top = z.argmax(-1)
-        draft_top = vocab[top] if vocab is not None else top
-        matches.append(draft_top == labels)
+        base = dr.base_logits(h, lm_rows)  # [C, γ, V'] float32
+        z, own, conf_tf, conf_own = _chains(dr, base, h, prev, w2)
+        draft_top = vocab[own] if vocab is not None else own
+        matches.append(draft_top == labels)  # leading matches = the greedy rounds' accepted drafts
+        if conf_tf is not None:
+            confs.append(conf_tf)
+            confs_own.append(conf_own)
         logq = torch.log_softmax(z, -1)
         if vocab is not None:  # q = 0 outside the draft vocabulary
             where = torch.full((dr.config.vocab_size,), -1, dtype=torch.long, device=dev)
@@ -85,11 +84,42 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
         t = (pos + 1 - P).clamp(max=L - P - 1)  # index of the label's step in lp_target
         acc = torch.exp(torch.clamp(lq - lp_target[t], max=0.0))
         accepts.append(acc.masked_fill(labels < 0, 0.0))
-    return {"match": torch.cat(matches).cpu(), "accept": torch.cat(accepts).float().cpu(),
-            "target_greedy": target_greedy.cpu()}
+    out = {"match": torch.cat(matches).cpu(), "accept": torch.cat(accepts).float().cpu(),
+           "target_greedy": target_greedy.cpu()}
+    if confs:
+        out["conf"], out["conf_greedy"] = torch.cat(confs).cpu(), torch.cat(confs_own).cpu()
+    return out
 
 
-def walk(accepted_at, P: int, L: int, max_new_tokens: int, block_size: int) -> list[Round]:
+def _chains(dr, base, h, prev, w2):
+    """Two left-to-right passes of the sequential head over blocks [C, γ]: teacher-forced (previous token = the
+    accepted one: q and c of a draft whose prefix survived) → logits z [C, γ, V'] and c; and the greedy draft's
+    own chain (previous token = its own last draft, as `generate` drafts) → draft ids (in V') and its c."""
+    W2 = (dr.head.W2.weight if w2 is None else w2) if dr.head is not None else None
+    z, own, c_tf, c_own = [], [], [], []
+    st_tf = st_own = None
+    p_own = prev[:, 0]
+    for k in range(base.shape[1]):
+        e_tf = e_own = None
+        z_tf = z_own = base[:, k]
+        if dr.head is not None:
+            u, e_tf, st_tf = dr.head.pre_bias(prev[:, k], h[:, k], st_tf)
+            z_tf = z_tf + (u @ W2.T).float()
+            u, e_own, st_own = dr.head.pre_bias(p_own, h[:, k], st_own)
+            z_own = z_own + (u @ W2.T).float()
+        top = z_own.argmax(-1)
+        if dr.confidence is not None:
+            c_tf.append(dr.confidence(h[:, k], e_tf).float())
+            c_own.append(dr.confidence(h[:, k], e_own).float())
+        z.append(z_tf)
+        own.append(top)
+        vocab = dr.draft_vocab
+        p_own = vocab.to(top.device)[top] if vocab is not None else top
+    conf = (torch.stack(c_tf, 1), torch.stack(c_own, 1)) if c_tf else (None, None)
+    return torch.stack(z, 1), torch.stack(own, 1), *conf
+
+
+def walk(accepted_at, P: int, L: int, max_new_tokens: int, block_size: int, confidence=None) -> list[Round]:
     """The rounds of one generation of L - P tokens (prefill round excluded, as in DSparkStats), verify-all.
 
     accepted_at(a, j) → bool: is draft j of the block anchored at position a accepted (given 0..j-1 were)?
@@ -104,7 +134,7 @@ def walk(accepted_at, P: int, L: int, max_new_tokens: int, block_size: int) -> l
             accepted += 1
         committed = min(accepted + 1, L - cur)
         rounds.append(Round(drafted=n, verified=n, accepted=accepted, committed=committed, draft_time=0.0,
-                            verify_time=0.0))
+                            verify_time=0.0, confidence=confidence(cur - 1, n) if confidence and n else []))
         cur += committed
     return rounds
 
@@ -130,14 +160,20 @@ def replay(drafter, records: list[dict], mode: str, max_new_tokens: int, samples
             raise ValueError(f"record {rec.get('id')} has {R} response tokens > max_new_tokens={max_new_tokens}")
         s = slot_scores(drafter, rec["prompt_ids"], rec["response_ids"])
         agree, total = agree + int(s["target_greedy"].sum()), total + len(s["target_greedy"])
+        conf = None
+        if "conf" in s:  # greedy: the draft's own chain (exact); T = 1: teacher-forced (exact up to the first
+            # rejection; later positions condition on the accepted token instead of the rejected draft)
+            c = drafter.confidence_probs(s["conf_greedy" if mode == "greedy" else "conf"])
+            conf = lambda a, n, c=c, P=P: c[a - P, :n].tolist()  # noqa: E731
         if mode == "greedy":
             m = s["match"]
-            stats.rounds += walk(lambda a, j: bool(m[a - P, j]), P, P + R, max_new_tokens, stats.block_size)
+            stats.rounds += walk(lambda a, j: bool(m[a - P, j]), P, P + R, max_new_tokens, stats.block_size, conf)
         else:
             for _ in range(samples):
                 u = torch.rand(s["accept"].shape, generator=gen)
                 ok = u < s["accept"]
-                stats.rounds += walk(lambda a, j: bool(ok[a - P, j]), P, P + R, max_new_tokens, stats.block_size)
+                stats.rounds += walk(lambda a, j: bool(ok[a - P, j]), P, P + R, max_new_tokens, stats.block_size,
+                                     conf)
         stats.new_tokens += R
     if mode == "greedy" and total and agree / total < 0.99:
         raise ValueError(f"only {agree / total:.1%} of the response tokens are the target's argmax: these are not "
@@ -173,16 +209,25 @@ def main(args) -> int:
     for f in args.responses:
         records = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
         for d in args.drafter:
-            st = replay(DSparkDrafter.from_pretrained(d, target=model), records, args.mode, args.max_new_tokens,
-                        args.samples)
+            dr = DSparkDrafter.from_pretrained(d, target=model)
+            st = replay(dr, records, args.mode, args.max_new_tokens, args.samples)
             ca = ", ".join(f"{x:.3f}" for x in st.conditional_acceptance)
             print(f"{Path(f).name} | {d}: τ {st.tau:.3f} over {len(st.rounds)} rounds, {len(records)} sequences, "
                   f"{st.new_tokens} tokens; conditional acceptance [{ca}]")
-            results.setdefault(Path(f).name, {})[d] = {
+            entry = results.setdefault(Path(f).name, {})[d] = {
                 "tau": st.tau, "rounds": len(st.rounds), "sequences": len(records), "tokens": st.new_tokens,
                 "conditional_acceptance": st.conditional_acceptance, "acceptance_rate": st.acceptance_rate,
                 "acceptance_histogram": st.acceptance_histogram,
                 "target_argmax_agreement": st.target_argmax_agreement}
+            if dr.confidence is not None:  # calibration quality on these rounds: ECE per position, raw vs fitted
+                from .calibration import ece_per_position, rounds_to_arrays
+
+                temps = dr.config.confidence_temperatures
+                z, y, valid = rounds_to_arrays(st.rounds, st.block_size, temps)
+                entry["ece_raw"] = ece_per_position(z, y, valid, [1.0] * st.block_size)
+                entry["ece_calibrated"] = ece_per_position(z, y, valid, temps)
+                print("  ECE per position raw → calibrated: " + ", ".join(
+                    f"{a:.3f}→{b:.3f}" for a, b in zip(entry["ece_raw"], entry["ece_calibrated"])))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"mode": args.mode, "max_new_tokens": args.max_new_tokens,

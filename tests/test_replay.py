@@ -45,6 +45,8 @@ def test_greedy_replay_equals_generate_round_by_round(head, eos, draft_vocab, ma
             continue
         st = replay(drafter, [rec], "greedy", max_new, progress=False)
         assert [(r.drafted, r.accepted, r.committed) for r in st.rounds] == real
+        for mine, theirs in zip(st.rounds, drafter.last_stats.rounds):  # the confidences the scheduler would see
+            assert mine.confidence == pytest.approx(theirs.confidence, abs=1e-5)
         accepted_any |= any(a for _, a, _ in real)
     assert accepted_any, "no draft was ever accepted: the comparison would be vacuous"
 
