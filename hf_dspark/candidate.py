@@ -87,6 +87,14 @@ class DSparkGenerationMixin:
         mask = kwargs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
             raise NotImplementedError("DSpark does not support padded prompts (attention_mask with zeros)")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            # transformers 5.23/5.24's assisted loop re-feeds the whole prompt on top of a pre-filled cache: its own
+            # assistants (prompt lookup, assistant models) then return wrong tokens silently; we refuse instead
+            raise NotImplementedError(
+                f"a pre-filled cache ({cache.get_seq_length()} positions; prompt caching) is not supported with "
+                "DSpark: transformers' assisted decoding would recompute the prompt on top of it. Pass no cache."
+            )
         context = self.config.get_text_config().max_position_embeddings
         if generation_config.max_length > context:
             raise ValueError(
@@ -127,6 +135,7 @@ def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_
             f"DSpark supports greedy and sampling decoding only, not {mode.value} "
             f"(num_beams={gen_config.num_beams}, num_beam_groups={getattr(gen_config, 'num_beam_groups', 1)})"
         )
+    drafter.config.validate()  # block_size (γ) and friends may have been edited since the drafter was built
     if drafter._target is not target:
         raise ValueError(
             "this drafter is bound to another model; call drafter.bind(model) for the model you generate with"

@@ -111,7 +111,8 @@ class DSparkConfig(PretrainedConfig):
         self.confidence_head = confidence_head
         self.confidence_head_with_markov = confidence_head_with_markov
         self.confidence_temperatures = (
-            list(confidence_temperatures) if confidence_temperatures is not None else [1.0] * block_size
+            list(confidence_temperatures) if confidence_temperatures is not None
+            else [1.0] * block_size if type(block_size) is int and block_size > 0 else []  # else validate() names it
         )
         self.qk_norm = qk_norm
         self.layer_variant = layer_variant
@@ -135,7 +136,7 @@ class DSparkConfig(PretrainedConfig):
 
     def validate(self) -> None:
         """Checks that need no target; binding checks the rest."""
-        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 64:
+        if type(self.block_size) is not int or not 1 <= self.block_size <= 64:  # bool is an int: refused too
             raise ValueError(f"block_size must be an int in [1, 64], got {self.block_size!r}")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
