@@ -6,7 +6,7 @@ in step with the target (drafter context length == target cache length == sequen
 drafter layer's K/V holds exactly that many rows); and checks that the output equals plain greedy `generate` of
 the same length. Each run (DSpark, plain) happens in its own child process, so RSS numbers start clean.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/long_generation.py              # 4096 tokens (~1 h on 1 thread)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/long_generation.py              # 4096 tokens (~40-50 min a run, 1 thread)
     OMP_NUM_THREADS=1 .venv/bin/python scripts/long_generation.py --new 256    # a quick try
 
 Exit status 0 when every check passes, 1 otherwise. --json PATH also writes the raw samples.
@@ -44,7 +44,7 @@ def cache_bytes(cache) -> tuple[int, int]:
     return total, int(cache.get_seq_length())
 
 
-def run(mode: str, new: int, every: int, threads: int) -> dict:
+def run(mode: str, new: int, every: int, threads: int, progress: str | None = None) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -102,6 +102,12 @@ def run(mode: str, new: int, every: int, threads: int) -> dict:
                            is_first_iteration=is_first_iteration, **k)
             if not is_first_iteration:
                 state["rounds"] += 1
+                if progress and input_ids.shape[1] - prompt_len >= state.setdefault("next_dump", every):
+                    state["next_dump"] += every  # committed tokens so far: a run cut short can still be checked
+                    with open(progress, "a") as f:
+                        f.write(json.dumps(dict(new_tokens=input_ids.shape[1] - prompt_len, rounds=state["rounds"],
+                                                n_violations=len(state["violations"]), sample=samples[-1],
+                                                tokens=input_ids[0].tolist())) + "\n")
                 cache = model_kwargs.get("cache") or model_kwargs.get("past_key_values")
                 cache_len = cache.get_seq_length()
                 rows = {k.shape[2] for k, v in self.context_kv} | {v.shape[2] for k, v in self.context_kv}
@@ -163,9 +169,11 @@ def main() -> int:
     p.add_argument("--parallel", action="store_true", help="run the DSpark and plain processes at the same time")
     p.add_argument("--json", help="write the raw samples here")
     p.add_argument("--child", choices=["dspark", "plain"], help=argparse.SUPPRESS)
+    p.add_argument("--progress", help="(with --child dspark) append the committed tokens and the in-step check "
+                   "count here every --every tokens, for runs that may be cut short")
     args = p.parse_args()
     if args.child:
-        print(json.dumps(run(args.child, args.new, args.every, args.threads)))
+        print(json.dumps(run(args.child, args.new, args.every, args.threads, args.progress)))
         return 0
 
     if args.parallel:  # two single-threaded processes side by side (RSS stays per process)
