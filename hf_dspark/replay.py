@@ -56,6 +56,9 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
     target_greedy = logp_t.argmax(-1) == nxt
     vocab, lm_rows, w2 = dr.draft_weights()
     pad = torch.cat([ids[0], ids.new_full((g + 1,), -1)])  # labels past the end never match
+    if vocab is not None:  # full-vocabulary id → its column in the draft vocabulary (-1: not in it)
+        where = torch.full((dr.config.vocab_size,), -1, dtype=torch.long, device=dev)
+        where[vocab] = torch.arange(len(vocab), device=dev)
     matches, accepts, confs, confs_own = [], [], [], []
     for start in range(P, L - 1, chunk):
         a = torch.arange(start, min(start + chunk, L - 1), device=dev)  # [C] anchors
@@ -67,7 +70,7 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
         h = h.view(C, g, -1)
         labels, prev = pad[pos + 1], pad[pos].clamp(min=0)  # teacher forcing: prev = the accepted token
         base = dr.base_logits(h, lm_rows)  # [C, γ, V'] float32
-        z, own, conf_tf, conf_own = _chains(dr, base, h, prev, w2)
+        z, own, conf_tf, conf_own = _chains(dr, base, h, prev, vocab, w2)
         draft_top = vocab[own] if vocab is not None else own
         matches.append(draft_top == labels)  # leading matches = the greedy rounds' accepted drafts
         if conf_tf is not None:
@@ -75,8 +78,6 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
             confs_own.append(conf_own)
         logq = torch.log_softmax(z, -1)
         if vocab is not None:  # q = 0 outside the draft vocabulary
-            where = torch.full((dr.config.vocab_size,), -1, dtype=torch.long, device=dev)
-            where[vocab] = torch.arange(len(vocab), device=dev)
             col = where[labels.clamp(min=0)]
             lq = logq.gather(-1, col.clamp(min=0)[..., None])[..., 0].masked_fill(col < 0, float("-inf"))
         else:
@@ -91,7 +92,7 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
     return out
 
 
-def _chains(dr, base, h, prev, w2):
+def _chains(dr, base, h, prev, vocab, w2):
     """Two left-to-right passes of the sequential head over blocks [C, γ]: teacher-forced (previous token = the
     accepted one: q and c of a draft whose prefix survived) → logits z [C, γ, V'] and c; and the greedy draft's
     own chain (previous token = its own last draft, as `generate` drafts) → draft ids (in V') and its c."""
@@ -113,8 +114,7 @@ def _chains(dr, base, h, prev, w2):
             c_own.append(dr.confidence(h[:, k], e_own).float())
         z.append(z_tf)
         own.append(top)
-        vocab = dr.draft_vocab
-        p_own = vocab.to(top.device)[top] if vocab is not None else top
+        p_own = vocab[top] if vocab is not None else top
     conf = (torch.stack(c_tf, 1), torch.stack(c_own, 1)) if c_tf else (None, None)
     return torch.stack(z, 1), torch.stack(own, 1), *conf
 
@@ -204,12 +204,12 @@ def main(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, _, _, _ = load_target_and_drafter(args.target, args.drafter[0], torch.float32, "cpu")
+    model, _, first, _ = load_target_and_drafter(args.target, args.drafter[0], torch.float32, "cpu")
+    drafters = [first] + [DSparkDrafter.from_pretrained(d, target=model) for d in args.drafter[1:]]
     results = {}
     for f in args.responses:
         records = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
-        for d in args.drafter:
-            dr = DSparkDrafter.from_pretrained(d, target=model)
+        for d, dr in zip(args.drafter, drafters):
             st = replay(dr, records, args.mode, args.max_new_tokens, args.samples)
             ca = ", ".join(f"{x:.3f}" for x in st.conditional_acceptance)
             print(f"{Path(f).name} | {d}: τ {st.tau:.3f} over {len(st.rounds)} rounds, {len(records)} sequences, "
