@@ -15,7 +15,7 @@ from hf_dspark.binding import placement
 from hf_dspark.deepspec import DeepSpecFormatError
 from tests.conftest import tiny_target
 from tests.deepspec_files import checkpoint, gemma4_config, qwen3_config, tensors_for, tiny_gemma4, write
-from tests.sampling_check import exact_distribution, fit_pvalue, processors, sample_counts
+from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 from tests.test_candidate import PROMPT, assert_identical
 
 
@@ -176,7 +176,7 @@ def test_sampling_exactness(tmp_path, family, kw):
     samples = sample_counts(target, drafter, prompt, steps, 600, seed=11, temperature=0.8)
     assert drafter.last_stats.rounds
     p = fit_pvalue(samples, exact)
-    assert p >= 0.01, f"{family}: speculative samples deviate from the target's law (p={p:.2e})"
+    assert p >= ALPHA, f"{family}: speculative samples deviate from the target's law (p={p:.2e})"
 
 
 # ---- strictness: each malformed file raises an error naming the problem --------------------------------

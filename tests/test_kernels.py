@@ -229,7 +229,7 @@ def test_end_to_end_sampling_runs_on_the_kernel_path(kernel_path):
 def test_sampling_exactness_on_the_kernel_path(kernel_path):
     """tests/test_sampling.py's G-test with the kernels drafting (slow in the interpreter; seconds on a GPU)."""
     pytest.importorskip("scipy")
-    from tests.sampling_check import exact_distribution, fit_pvalue, processors, sample_counts
+    from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
     from tests.test_sampling import PROMPT, setup
 
     model, dr = setup(head="markov")
@@ -238,4 +238,4 @@ def test_sampling_exactness_on_the_kernel_path(kernel_path):
     dr.to(DEVICE)
     samples = sample_counts(model, dr, PROMPT.to(DEVICE), 5, 600, seed=123, temperature=0.7, top_k=4)
     assert kernel_path["draft"] > 0
-    assert fit_pvalue(samples, exact) >= 0.01
+    assert fit_pvalue(samples, exact) >= ALPHA

@@ -11,11 +11,10 @@ import torch
 
 from hf_dspark import DSparkDrafter, candidate
 from tests.conftest import tiny_target
-from tests.sampling_check import exact_distribution, fit_pvalue, processors, sample_counts
+from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 
 V, STEPS, N = 8, 5, 600
 PROMPT = torch.tensor([[1, 5, 2]])
-ALPHA = 0.01
 
 
 def setup(head="markov", block=3, seed=0, draft_vocab=None):
