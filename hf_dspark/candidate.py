@@ -266,8 +266,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         t0 = time.perf_counter()
         self._ingest(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
-        n = min(self.block_size, self.max_length - cur_len - 1)  # drafts that could still be committed
-        if n <= 0:
+        # drafts that could still be committed, and that the policy could ever verify
+        n = min(self.block_size, self.max_length - cur_len - 1, self.verify_policy.max_drafts)
+        if n <= 0 or not self.verify_policy.should_draft():  # a plain target step this round
             return self._send(input_ids, input_ids, None, None, t0)
         dr = self.drafter
         block_ids = torch.cat([input_ids[:, -1:].to(dr.device), self.mask_ids], dim=-1)
@@ -332,6 +333,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         accepted = 0  # drafts kept = common prefix of drafts and committed tokens (a stop may drop the bonus)
         while accepted < min(p["verified"], len(new_tokens)) and new_tokens[accepted] == p["tokens"][accepted]:
             accepted += 1
+        self.verify_policy.record(p["drafted"], p["verified"], accepted)
         probs = self.observer.target_probs
         self.stats.new_tokens = input_ids.shape[1] - self.stats.prompt_tokens
         self.stats.add(Round(

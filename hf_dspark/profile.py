@@ -3,7 +3,8 @@
 A profile holds, for one (target, drafter shape, dtype, device, torch) combination:
   verify_time [γ+1]  median seconds of a target verification forward of 1..γ+1 new tokens on a KV cache of
                      realistic length, with the tapped hidden states requested as in decoding;
-  draft_time         median seconds of one drafter round (context ingest + backbone + sequential head);
+  draft_time         median seconds of one drafter round (context ingest + backbone + sequential head) as the
+                     scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
   rollback_time      median seconds of cropping the target cache back after a verification.
 The measured curve is used as is: on CPU in fp32 it is not monotone (transformers-integration.md §7), so no
 smooth cost model would do. Profiles are cached as JSON under `models.cache_dir()/profiles/`, keyed by
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .scheduler import monotone_envelope, pad_length, single_stream_length
+from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
 class ProfileMismatchError(ValueError):
@@ -61,6 +62,7 @@ class DeviceProfile:
     repeats: int
     verify_iqr: list[list[float]] = field(default_factory=list)  # [γ+1] × (p25, p75), for the record
     created: str = ""
+    draft_tokens: int = 0  # drafts per round draft_time was measured with (0: the whole block, older profiles)
 
     @property
     def block_size(self) -> int:
@@ -232,22 +234,32 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile
                 verify[k].append(t1 - t0)
                 rollback.append(t2 - t1)
 
-    draft = _time_drafter(drafter, cache_len, warmup, repeats, gen, clock)
+    verify_time = [statistics.median(verify[k]) for k in verify]
+    rollback_time = statistics.median(rollback)
+    # The scheduler never verifies more than max_verified drafts, so decoding drafts only that many: time the
+    # round at that size. A cheaper draft can only lower the bound again, never raise it past what was timed.
+    draft = _time_drafter(drafter, gamma, cache_len, warmup, repeats, gen, clock)
+    n = max(1, max_verified(verify_time, draft + rollback_time))
+    if n < gamma:
+        draft = _time_drafter(drafter, n, cache_len, warmup, repeats, gen, clock)
     q = lambda xs, p: statistics.quantiles(xs, n=4)[p] if len(xs) > 1 else xs[0]  # noqa: E731
     return DeviceProfile(
         key=profile_key(target, drafter),
-        verify_time=[statistics.median(verify[k]) for k in verify],
+        verify_time=verify_time,
         draft_time=draft,
-        rollback_time=statistics.median(rollback),
+        rollback_time=rollback_time,
         cache_len=cache_len, warmup=warmup, repeats=repeats,
         verify_iqr=[[q(verify[k], 0), q(verify[k], 2)] for k in verify],
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        draft_tokens=n,
     )
 
 
-def _time_drafter(drafter, cache_len: int, warmup: int, repeats: int, gen: torch.Generator, clock: _Clock) -> float:
+def _time_drafter(drafter, n: int, cache_len: int, warmup: int, repeats: int, gen: torch.Generator,
+                  clock: _Clock) -> float:
     """Median seconds of one drafter round as the candidate generator runs it: ingest a few accepted rows into
-    the context K/V, one backbone pass over the block, the sequential head with sampling, confidences."""
+    the context K/V, one backbone pass over the block, the LM-head rows and sequential head (with sampling) for
+    the first `n` drafts, confidences."""
     from .heads import sequential_draft
 
     cfg, dev = drafter.config, drafter.device
@@ -264,7 +276,7 @@ def _time_drafter(drafter, cache_len: int, warmup: int, repeats: int, gen: torch
         t0 = clock.now()
         kv = drafter.context_kv(feats[:, -new:], torch.arange(cache_len - new, cache_len, device=dev)[None])
         ctx = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(context, kv)]
-        h = drafter.backbone(drafter.embed(block_ids), positions, ctx)[0]
+        h = drafter.backbone(drafter.embed(block_ids), positions, ctx)[0, :n]
         block = sequential_draft(drafter.base_logits(h, lm_rows), h, block_ids[0, 0], drafter.head, drafter.confidence,
                                  prefix, None, True, vocab=vocab, w2=w2_rows, vocab_size=cfg.vocab_size)
         if drafter.confidence is not None:
@@ -293,7 +305,8 @@ def format_profile(profile: DeviceProfile) -> str:
     lines = [
         f"DSpark device profile: {k.model} [{k.dtype}] on {k.device}, torch {k.torch}",
         f"  cache {profile.cache_len} tokens; medians of {profile.repeats} after {profile.warmup} warm-up; "
-        f"drafter {profile.draft_time * 1e3:.2f} ms/round, cache roll-back {profile.rollback_time * 1e3:.3f} ms",
+        f"drafter {profile.draft_time * 1e3:.2f} ms/round ({profile.draft_tokens or profile.block_size} drafts), "
+        f"cache roll-back {profile.rollback_time * 1e3:.3f} ms",
         "  drafts  tokens   T(B) ms  p25-p75 ms    T*(B) ms  run as  rounds/s  break-even a_ℓ",
     ]
     for i, t in enumerate(profile.verify_time):

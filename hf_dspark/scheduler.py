@@ -113,3 +113,68 @@ def _lookahead_length(conf: torch.Tensor, step_time: Sequence[float], draft_time
     sps = steps_per_second(step_time[: len(a) + 1], draft_time)
     theta = [(1.0 + sum(a[:k])) * sps[k] for k in range(len(a) + 1)]
     return max(range(len(theta)), key=lambda k: (theta[k], -k))
+
+
+def max_verified(step_time: Sequence[float], draft_time: float = 0.0) -> int:
+    """The most drafts `single_stream_length(conf, step_time, draft_time)` can return for any conf [γ]
+    (γ = len(step_time) - 1), padding included. Drafting more than this is wasted work.
+
+    Admitting draft k+1 needs a_{k+1} / τ_k > r_k = (T*(k+2) − T*(k+1)) / (draft_time + T*(k+1)); since
+    a_{k+1} ≤ a_i for i ≤ k, τ_k = 1 + Σ_{i≤k} a_i ≥ 1 + k·a_{k+1}, so the left side is at most 1/(1+k). The walk
+    therefore never passes the first k with r_k ≥ 1/(1+k). Calling the scheduler with only the first
+    `max_verified` drafts (and step_time[:max_verified + 1]) returns the same length: tests/test_scheduler.py.
+    """
+    env = monotone_envelope(step_time)
+    gamma = len(env) - 1
+    reach = gamma
+    for k in range(gamma):
+        if (env[k + 1] - env[k]) / (draft_time + env[k]) >= 1.0 / (1 + k):
+            reach = k
+            break
+    return max(pad_length(length, step_time) for length in range(reach + 1))
+
+
+class DraftGate:
+    """Batch-1 decision, before a round drafts anything, whether drafting is worth it at all (scheduler policy).
+
+    A drafted round costs draft_time + T*(1 + ℓ) and commits 1 + (accepted drafts) tokens; a round without
+    drafts is a plain decode step, T(1) for one token. The gate keeps exponential averages over rounds (weight
+    `weight` on the newest; a skipped round observes nothing but ages what is known) of the accepted drafts and
+    of that cost in drafted rounds, and drafts while (1 + A) / C > 1 / T(1). When it stops drafting it probes again after 1, 2, 4, ... `max_skip` skipped
+    rounds (the wait doubles after each probe that does not pay, and resets after one that does), so a drafter
+    that stops paying costs at most one drafted round in `max_skip` + 1.
+
+    Lossless: the decision for a round depends only on earlier rounds' outcomes, never on the round's own drafts,
+    so every round's output law is the target's (a round without drafts is exactly a target step). It reads only
+    token counts and the profile's fixed costs, never a clock, so a seeded run makes the same decisions again.
+    """
+
+    def __init__(self, step_time: Sequence[float], draft_time: float, weight: float = 0.25, max_skip: int = 16):
+        self.env = monotone_envelope(step_time)
+        self.draft_time, self.weight, self.max_skip = float(draft_time), float(weight), int(max_skip)
+        self.accepted: float | None = None  # EMA of drafts accepted per drafted round
+        self.cost: float | None = None  # EMA of seconds per drafted round
+        self.skipped, self.wait, self.probing = 0, 1, False
+
+    def profitable(self) -> bool:
+        return self.accepted is None or (1.0 + self.accepted) * self.env[0] > self.cost
+
+    def should_draft(self) -> bool:
+        self.probing = not self.profitable()
+        return not self.probing or self.skipped >= self.wait
+
+    def record(self, drafted: bool, verified: int = 0, accepted: int = 0) -> None:
+        """After a round: whether it drafted, and if so how many drafts it verified and how many were accepted."""
+        if not drafted:
+            self.skipped += 1
+            return
+        cost = self.draft_time + self.env[min(verified, len(self.env) - 1)]
+        if self.accepted is None:
+            self.accepted, self.cost = float(accepted), cost
+        else:  # skipped rounds age the history without observing it: a probe after a long wait counts nearly alone
+            w = 1.0 - (1.0 - self.weight) ** (1 + self.skipped)
+            self.accepted = (1 - w) * self.accepted + w * accepted
+            self.cost = (1 - w) * self.cost + w * cost
+        if self.probing:
+            self.wait = 1 if self.profitable() else min(2 * self.wait, self.max_skip)
+        self.skipped, self.probing = 0, False

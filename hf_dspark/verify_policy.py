@@ -6,13 +6,16 @@ its signature:
     drafter.verify_policy = "all"              # verify every drafted token (default; fixed length γ)
     drafter.verify_policy = 3                  # static length: verify min(3, drafted) tokens (0 allowed)
     drafter.verify_policy = ("threshold", .5)  # up to the first position whose calibrated c_k < 0.5 (§4.4)
-    drafter.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile (§6.3)
+    drafter.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile (§6.3),
+                                               # which also skips drafting while drafts do not pay (DraftGate)
     drafter.device_profile = profile           # optional: the DeviceProfile to use (else the cached one for
                                                # this target/device, measured once on first use)
 
 A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and tests; it must honour the
 non-anticipation rule (docs/scheduler.md), which nothing here can check.
-Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ.
+Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ, and
+drafts no more tokens than the policy can ever verify (`max_drafts`): a static length k drafts k, the scheduler
+the bound `scheduler.max_verified` of its profile (2 of 7 on the 2-core CPU), which changes no decision.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .scheduler import static_threshold_length
+from .scheduler import DraftGate, max_verified, static_threshold_length
 
 DEFAULT = "all"
 
@@ -33,6 +36,8 @@ class VerifyPolicy:
         self.spec, self.drafter = spec, drafter
         self.profile = None
         self.needs_confidence = False
+        self.max_drafts = drafter.config.block_size  # drafts worth computing per round
+        self.gate: DraftGate | None = None
         if callable(spec):
             self._length: Callable = spec
             self.needs_confidence = drafter.confidence is not None
@@ -40,12 +45,16 @@ class VerifyPolicy:
             self._length = lambda conf, n: n
         elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
             self._length = lambda conf, n: min(spec, n)
+            self.max_drafts = min(spec, self.max_drafts)
         elif isinstance(spec, tuple) and len(spec) == 2 and spec[0] == "threshold" and 0 <= float(spec[1]) <= 1:
             t = float(spec[1])
             self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
         elif isinstance(spec, str) and spec == "scheduler":
             self.profile = _profile_for(drafter, target)
             self._length, self.needs_confidence = (lambda conf, n: self.profile.verify_length(conf)), True
+            overhead = self.profile.round_overhead
+            self.max_drafts = min(max_verified(self.profile.verify_time, overhead), self.max_drafts)
+            self.gate = DraftGate(self.profile.verify_time, overhead)
         else:
             raise ValueError(
                 f"drafter.verify_policy must be 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "
@@ -57,6 +66,16 @@ class VerifyPolicy:
     @classmethod
     def for_drafter(cls, drafter, target) -> "VerifyPolicy":
         return cls(getattr(drafter, "verify_policy", DEFAULT), drafter, target)
+
+    def should_draft(self) -> bool:
+        """Whether this round drafts at all (always, except under the scheduler's DraftGate). Call once per round
+        that could draft, before drafting, and report the round to `record` afterwards."""
+        return self.gate is None or self.gate.should_draft()
+
+    def record(self, drafted: int, verified: int, accepted: int) -> None:
+        """A finished round: drafts computed, sent to verification, accepted."""
+        if self.gate is not None:
+            self.gate.record(drafted > 0, verified, accepted)
 
     def length(self, conf_logits: torch.Tensor) -> int:
         """Raw confidence logits [n] of the drafted positions → ℓ in 0..n. Calibrated c_k = σ(z_k / T_k); c_k was

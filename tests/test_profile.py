@@ -17,6 +17,7 @@ from hf_dspark.profile import (
     measure_profile,
     profile_key,
 )
+from hf_dspark.scheduler import max_verified
 from tests.conftest import tiny_target
 
 
@@ -39,6 +40,9 @@ def test_measure_on_tiny_llama(pair):
     assert all(t > 0 for t in p.verify_time) and p.draft_time > 0 and p.rollback_time >= 0
     assert p.key == profile_key(model, drafter)
     assert 0 <= p.verify_length(torch.tensor([0.9, 0.9, 0.9])) <= 3
+    # the draft was timed at the size decoding drafts: at least what the scheduler can verify on this profile
+    assert 1 <= p.draft_tokens <= p.block_size
+    assert max_verified(p.verify_time, p.round_overhead) <= p.draft_tokens
     text = format_profile(p)
     assert "break-even" in text and len(text.splitlines()) == 3 + 4 + 1
 

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from hf_dspark.scheduler import (
+    DraftGate,
     _lookahead_length,
     greedy_admission,
+    max_verified,
     monotone_envelope,
     pad_length,
     single_stream_length,
@@ -122,6 +124,73 @@ def test_envelope_never_loses_to_the_raw_walk(seed):
     conf = torch.tensor([rng.uniform(0.2, 1.0) for _ in range(7)])
     raw = greedy_admission(conf[None], steps_per_second(step))[0]
     assert theta(conf, step, single_stream_length(conf, step)) >= theta(conf, step, raw) - 1e-12
+
+
+# ---- drafting only what can be verified ------------------------------------------------------------------------
+SMOLLM2_2T = [48.5, 55.8, 59.8, 96.0, 97.4, 94.8, 114.3, 114.9]  # `hf-dspark profile --threads 2`, docs/benchmarks.md
+
+
+def test_max_verified_on_the_measured_cpu_curve():
+    # ℓ = 3 would need a_3/τ_2 > (94.8 − 59.8)/(23 + 59.8) = 0.42 > 1/3: never, whatever the confidences
+    assert max_verified(SMOLLM2_2T, 23.0) == 2
+    assert single_stream_length(torch.ones(7), SMOLLM2_2T, 23.0) == 2
+    assert max_verified([1.0] * 8) == 7  # free verification: everything can be worth verifying
+    assert max_verified(CPU_FP32) == 7  # ℓ = 1 pads to the 5-token forward, ℓ = 5 to the 8-token one
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_max_verified_bounds_the_scheduler_and_truncation_changes_nothing(seed):
+    rng = random.Random(seed)
+    gamma = rng.randint(1, 8)
+    if seed % 2:  # rising curves with jumps, like CPU GEMMs
+        step = list(itertools.accumulate(rng.choice([0.02, 0.1, 0.6, 1.5]) for _ in range(gamma + 1)))
+    else:  # arbitrary non-monotone curves
+        step = [rng.uniform(0.5, 3.0) for _ in range(gamma + 1)]
+    overhead = rng.choice([0.0, 0.1, 1.0])
+    bound = max_verified(step, overhead)
+    for _ in range(20):
+        conf = torch.tensor([rng.choice([1.0, rng.random(), rng.uniform(0.9, 1.0)]) for _ in range(gamma)])
+        full = single_stream_length(conf, step, overhead)
+        assert full <= bound
+        assert single_stream_length(conf[:bound], step[: bound + 1], overhead) == full
+
+
+def _run_gate(gate, accepted_if_drafted, rounds, verified=2):
+    """Drive a gate for `rounds` rounds; → the list of rounds (0-based) in which it drafted."""
+    drafted = []
+    for r in range(rounds):
+        if gate.should_draft():
+            drafted.append(r)
+            gate.record(True, verified, accepted_if_drafted(r))
+        else:
+            gate.record(False)
+    return drafted
+
+
+def test_gate_keeps_drafting_while_drafts_pay():
+    gate = DraftGate(SMOLLM2_2T, 23.0)  # 2 drafts verified: 82.8 ms per round, so it needs A > 0.71
+    assert _run_gate(gate, lambda r: 2, 50) == list(range(50))
+
+
+def test_gate_backs_off_when_drafts_do_not_pay_and_probes():
+    gate = DraftGate(SMOLLM2_2T, 23.0, max_skip=8)
+    drafted = _run_gate(gate, lambda r: 0, 60)
+    # round 0 drafts (no history), then waits 1, 2, 4, 8, 8, ... skipped rounds between probes
+    assert drafted == [0, 2, 5, 10, 19, 28, 37, 46, 55]
+
+
+def test_gate_resumes_when_a_probe_pays():
+    gate = DraftGate(SMOLLM2_2T, 23.0)
+    drafted = _run_gate(gate, lambda r: 0 if r < 30 else 6, 80, verified=6)
+    first_probe_after = next(r for r in drafted if r >= 30)
+    assert all(r in drafted for r in range(first_probe_after, 80))  # every round drafts again once it pays
+    assert first_probe_after - 30 <= 16
+
+
+def test_gate_zero_verified_rounds_count_as_cost():
+    gate = DraftGate(SMOLLM2_2T, 23.0)
+    gate.record(True, 0, 0)  # drafted, verified nothing: paid 23 + 48.5 for one token
+    assert not gate.profitable()
 
 
 # ---- exact losslessness of one round ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Losslessness with the scheduler on, end to end through generate(): the goodness-of-fit test of
-test_sampling.py with a cost curve that makes the scheduler truncate often, its negative control (the
+test_sampling.py with a cost curve that makes the scheduler truncate often and its DraftGate skip drafting, its negative control (the
 look-ahead search of §6.4 must fail the same test), greedy token identity, and the zero-draft path."""
 
 import pytest
@@ -7,10 +7,10 @@ import torch
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.profile import DeviceProfile, ProfileMismatchError, profile_key
-from hf_dspark.scheduler import _lookahead_length
+from hf_dspark.scheduler import _lookahead_length, max_verified
 from tests.conftest import tiny_target
-from tests.sampling_check import exact_distribution, fit_pvalue, processors, sample_counts
-from tests.test_sampling import ALPHA, N, PROMPT, STEPS, setup
+from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
+from tests.test_sampling import N, PROMPT, STEPS, setup
 
 GENTLE = [1.0, 1.5, 1.8, 2.0]  # Θ_1 > Θ_0 iff a_1 > .5: every length 0..3 gets chosen
 COUNTER = [1.0, 2.0, 1 / 0.45, 1 / 0.43]  # the §6.4 curve: only a look-ahead ever verifies anything
@@ -44,13 +44,16 @@ def test_sampling_exact_with_scheduler():
     p = fit_pvalue(samples, exact)
     assert p >= ALPHA, f"scheduled speculative samples deviate from the target's law (p={p:.2e})"
     # over one generate the scheduler must both truncate and admit (the last call has only a few rounds)
-    counts = {}
+    # and its DraftGate must skip drafting in some rounds (beyond the one per call the length limit can cause)
+    counts, undrafted, calls = {}, 0, 30
     torch.manual_seed(0)
-    for _ in range(30):
+    for _ in range(calls):
         model.generate(PROMPT, do_sample=True, max_new_tokens=STEPS, assistant_model=drafter)
         for k, v in drafter.last_stats.verify_lengths.items():
             counts[k] = counts.get(k, 0) + v
+        undrafted += sum(r.drafted == 0 for r in drafter.last_stats.rounds)
     assert counts.get(0, 0) > 0 and sum(v for k, v in counts.items() if k > 0) > 0, (counts, lengths)
+    assert undrafted > calls, undrafted
 
 
 N_GATE = 400
@@ -109,6 +112,27 @@ def test_greedy_identity_with_verify_policies(policy):
     assert sum(r.committed for r in st.rounds) + 1 == st.new_tokens == 40  # zero-draft rounds commit one token
     if policy == 0:
         assert set(st.verify_lengths) == {0}
+    # no more drafts are computed than the policy can ever verify (static k: k; the scheduler: max_verified)
+    cap = {"scheduler": max_verified(drafter.device_profile.verify_time), 0: 0, 1: 1}.get(policy, 4)
+    assert max(r.drafted for r in st.rounds) == cap
+
+
+def test_draft_gate_skips_an_expensive_drafter_greedy_identical():
+    """A drafter that costs 5 target steps: the scheduler's gate must fall back to plain steps (probing now and
+    then), and the output stays identical to plain greedy decoding."""
+    model = tiny_target()
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
+    spread_confidence(drafter)
+    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    drafter.device_profile.draft_time = 5.0
+    drafter.verify_policy = "scheduler"
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=60)
+    spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+    drafted = [r.drafted > 0 for r in drafter.last_stats.rounds]
+    assert drafted[0] and 2 <= sum(drafted) <= 8, drafted  # the first round, then probes 1, 2, 4, 8, 16 apart
 
 
 def test_profile_of_another_setup_is_refused():
