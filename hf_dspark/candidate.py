@@ -249,6 +249,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.mask_ids = torch.full((1, cfg.block_size - 1), cfg.mask_token_id, dtype=torch.long, device=drafter.device)
         self.context_kv: list | None = None  # per drafter layer (k, v) [1, n_kv, ctx_len, hd]
         self.ctx_len = 0
+        self.unfused: list[torch.Tensor] = []  # tapped features [1, rows, m·d] of positions not in context_kv yet
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
         self.verify_policy = VerifyPolicy.for_drafter(drafter, target)  # drafter.verify_policy, resolved once
@@ -264,12 +265,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
             self.stats.started = time.perf_counter()
             return input_ids, None
         t0 = time.perf_counter()
-        self._ingest(input_ids, model_outputs)
+        self._collect(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
         # drafts that could still be committed, and that the policy could ever verify
         n = min(self.block_size, self.max_length - cur_len - 1, self.verify_policy.max_drafts)
         if n <= 0 or not self.verify_policy.should_draft():  # a plain target step this round
             return self._send(input_ids, input_ids, None, None, t0)
+        self._fuse()
         dr = self.drafter
         block_ids = torch.cat([input_ids[:, -1:].to(dr.device), self.mask_ids], dim=-1)
         positions = torch.arange(cur_len - 1, cur_len - 1 + self.block_size, device=dr.device)[None]
@@ -301,10 +303,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         }
         return candidate, logits
 
-    def _ingest(self, input_ids, model_outputs) -> None:
-        """Append the drafter's context K/V for every position the target has newly verified and accepted:
-        after prefill the whole prompt, later the anchor plus the accepted drafts (rows 0..m of the pass)."""
-        new = input_ids.shape[1] - 1 - self.ctx_len
+    def _collect(self, input_ids, model_outputs) -> None:
+        """Keep the tapped hidden states of every position the target has newly verified and accepted: after
+        prefill the whole prompt, later the anchor plus the accepted drafts (rows 0..m of the pass). They become
+        context K/V (`_fuse`) only when a round drafts, in one batch: rounds without drafts cost nothing here."""
+        if self.verify_policy.max_drafts == 0:  # a policy that never drafts needs no context
+            return
+        new = input_ids.shape[1] - 1 - self.ctx_len - sum(f.shape[1] for f in self.unfused)
         hs = getattr(model_outputs, "hidden_states", None)
         if hs is None:
             raise RuntimeError("the target returned no hidden states; DSpark needs transformers' output_hidden_states")
@@ -315,7 +320,17 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "past_key_values (prompt caching) is not supported with DSpark"
             )
         dr = self.drafter
-        feats = torch.cat([hs[i + 1][:, :new].to(dr.device) for i in self.taps], dim=-1)  # taps may span devices
+        if new > 0:  # taps may span devices; cat copies, so the pass's full hidden states are not kept alive
+            self.unfused.append(torch.cat([hs[i + 1][:, :new].to(dr.device) for i in self.taps], dim=-1))
+
+    def _fuse(self) -> None:
+        """Append the context K/V of the collected positions: [(k, v) [1, n_kv, ctx_len, hd]] per drafter layer."""
+        if not self.unfused:
+            return
+        dr = self.drafter
+        feats = torch.cat(self.unfused, dim=1) if len(self.unfused) > 1 else self.unfused[0]
+        self.unfused = []
+        new = feats.shape[1]
         positions = torch.arange(self.ctx_len, self.ctx_len + new, device=dr.device)[None]
         kv = dr.context_kv(feats, positions)
         if self.context_kv is None:

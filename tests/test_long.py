@@ -46,9 +46,10 @@ def test_long_generation_keeps_the_drafter_in_step(monkeypatch):
             rows = {t.shape[2] for kv in self.context_kv for t in kv}
             rounds.append(dict(
                 seq=input_ids.shape[1], ctx=self.ctx_len, cache=cache.get_seq_length(), rows=rows,
+                unfused=sum(f.shape[1] for f in self.unfused), drafted=out[0].shape[1] > input_ids.shape[1],
                 grad=any(t.requires_grad or t.grad_fn is not None for kv in self.context_kv for t in kv),
                 kv_bytes=sum(t.numel() * t.element_size() for kv in self.context_kv for t in kv),
-                other_bytes=_tensor_bytes(self, skip=("context_kv",)),
+                other_bytes=_tensor_bytes(self, skip=("context_kv", "unfused")),
                 observer=len(self.observer.target_probs) + len(self.observer.target_tokens),
                 stats=len(self.stats.rounds),
             ))
@@ -65,7 +66,9 @@ def test_long_generation_keeps_the_drafter_in_step(monkeypatch):
     per_row = rounds[0]["kv_bytes"] / rounds[0]["ctx"]
     for i, r in enumerate(rounds):
         # in step: the drafter holds K/V for exactly the positions the target has cached (all but the anchor)
-        assert r["ctx"] == r["cache"] == r["seq"] - 1 and r["rows"] == {r["ctx"]}, r
+        # (rows of rounds that draft nothing wait in `unfused` until the next round that drafts)
+        assert r["ctx"] + r["unfused"] == r["cache"] == r["seq"] - 1 and r["rows"] == {r["ctx"]}, r
+        assert r["unfused"] == 0 or not r["drafted"], r
         assert not r["grad"]  # no autograd graph kept alive round after round
         assert r["kv_bytes"] == per_row * r["ctx"]  # the context grows by one row per position, nothing else
         assert r["other_bytes"] == rounds[0]["other_bytes"]  # every other tensor the generator holds: constant
