@@ -222,6 +222,12 @@ class _StoppingStreamer:
         return self.streamer.end()
 
 
+def backbone_slots(drafts: int, block_size: int) -> int:
+    """Block slots the backbone runs for `drafts` drafts: the anchor, one mask per draft (slot i predicts draft
+    i + 1, so the last mask looks one token past the last draft), at most the trained block."""
+    return min(block_size, drafts + 1)
+
+
 class DSparkCandidateGenerator(CandidateGenerator):
     """One DSpark round per call: ingest the target's tapped hidden states of the tokens it just accepted,
     draft γ tokens (parallel backbone + sequential head + confidence), choose how many to verify, and return
@@ -273,8 +279,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
             return self._send(input_ids, input_ids, None, None, t0)
         self._fuse()
         dr = self.drafter
-        block_ids = torch.cat([input_ids[:, -1:].to(dr.device), self.mask_ids], dim=-1)
-        positions = torch.arange(cur_len - 1, cur_len - 1 + self.block_size, device=dr.device)[None]
+        # The backbone sees the anchor and n mask slots, not the whole block: slots past the last draft plus one
+        # changed no acceptance we measured (docs/benchmarks.md) and each costs backbone time on CPU.
+        slots = backbone_slots(n, self.block_size)
+        block_ids = torch.cat([input_ids[:, -1:].to(dr.device), self.mask_ids[:, : slots - 1]], dim=-1)
+        positions = torch.arange(cur_len - 1, cur_len - 1 + slots, device=dr.device)[None]
         h = dr.backbone(dr.embed(block_ids), positions, self.context_kv)[0, :n]
         block = sequential_draft(
             dr.base_logits(h, self.lm_rows), h, input_ids[0, -1].to(dr.device), dr.head, dr.confidence,

@@ -260,6 +260,7 @@ def _time_drafter(drafter, n: int, cache_len: int, warmup: int, repeats: int, ge
     """Median seconds of one drafter round as the candidate generator runs it: ingest a few accepted rows into
     the context K/V, one backbone pass over the block, the LM-head rows and sequential head (with sampling) for
     the first `n` drafts, confidences."""
+    from .candidate import backbone_slots
     from .heads import sequential_draft
 
     cfg, dev = drafter.config, drafter.device
@@ -268,7 +269,8 @@ def _time_drafter(drafter, n: int, cache_len: int, warmup: int, repeats: int, ge
     context = drafter.context_kv(feats, torch.arange(cache_len, device=dev)[None])
     new = min(cache_len, gamma // 2 + 1)  # a typical round accepts about half the block
     block_ids = torch.randint(0, cfg.vocab_size, (1, gamma), generator=gen).to(dev)
-    positions = torch.arange(cache_len, cache_len + gamma, device=dev)[None]
+    slots = backbone_slots(n, gamma)
+    block_ids, positions = block_ids[:, :slots], torch.arange(cache_len, cache_len + slots, device=dev)[None]
     prefix = block_ids[:, :1]
     vocab, lm_rows, w2_rows = drafter.draft_weights()  # a pruned draft vocabulary is part of the drafter's cost
     times = []

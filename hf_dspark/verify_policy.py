@@ -15,7 +15,7 @@ A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and
 non-anticipation rule (docs/scheduler.md), which nothing here can check.
 Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ, and
 drafts no more tokens than the policy can ever verify (`max_drafts`): a static length k drafts k, the scheduler
-the bound `scheduler.max_verified` of its profile (2 of 7 on the 2-core CPU), which changes no decision.
+the bound `scheduler.max_verified` of its profile (2 of 7 on the 2-core CPU), past which it never verifies.
 """
 
 from __future__ import annotations

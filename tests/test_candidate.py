@@ -270,3 +270,24 @@ def test_nan_target_logits_are_a_named_error(llama):
             llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("policy, drafts", [("all", BLOCK), (1, 1), (2, 2), (0, 0)])
+def test_drafts_only_what_the_policy_can_verify(llama, policy, drafts, monkeypatch):
+    """The backbone runs the anchor plus one mask slot per draft the policy can verify (at most the block), and
+    the sequential head drafts exactly that many; the output stays identical to plain decoding."""
+    drafter = drafter_for(llama)
+    drafter.verify_policy = policy
+    slots = []
+    real = type(drafter).backbone
+    monkeypatch.setattr(type(drafter), "backbone", lambda self, e, *a, **k: slots.append(e.shape[1]) or real(self, e, *a, **k))
+    plain = llama.generate(PROMPT, do_sample=False, max_new_tokens=30)
+    spec = llama.generate(PROMPT, do_sample=False, max_new_tokens=30, assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+    rounds = drafter.last_stats.rounds
+    if drafts == 0:
+        assert slots == [] and all(r.drafted == 0 for r in rounds)
+        return
+    far = [r for r in rounds if r.drafted]  # rounds near the length limit draft fewer
+    assert max(r.drafted for r in far) == drafts
+    assert max(slots) == min(BLOCK, drafts + 1) and len(slots) == len(far)
