@@ -116,7 +116,8 @@ def _pooled_stats(rows: list[dict], block: int) -> dict:
     st = DSparkStats(block_size=block)
     for r in rows:
         st.rounds += [Round(**x) for x in r["rounds"]]
-    return {"tau": st.tau, "conditional_acceptance": st.conditional_acceptance,
+    return {"tau": st.tau, "rounds": len(st.rounds), "drafted_rounds": st.drafted_rounds,
+            "conditional_acceptance": st.conditional_acceptance,
             "acceptance_rate": st.acceptance_rate, "verify_lengths": st.verify_lengths,
             "draft_time_s": st.draft_time, "verify_time_s": st.verify_time}
 

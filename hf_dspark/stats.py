@@ -4,6 +4,8 @@
   a round that ends in an accepted EOS (or the length limit) without a bonus counts what it committed.
 - acceptance_rate[k] (vLLM's per-position rate) = rounds whose k-th draft was accepted / rounds that drafted ≥ k.
 - conditional_acceptance[k] = P(draft k accepted | drafts 1..k-1 accepted and draft k verified).
+- drafted_rounds = rounds that drafted at all (the scheduler's draft gate makes plain steps, which count as
+  rounds of τ = 1).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class DSparkStats:
         return sum(r.committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
+    def drafted_rounds(self) -> int:
+        return sum(r.drafted > 0 for r in self.rounds)
+
+    @property
     def acceptance_rate(self) -> list[float]:
         out = []
         for k in range(1, self.block_size + 1):
@@ -90,6 +96,7 @@ class DSparkStats:
         return {
             "tau": self.tau,
             "rounds": len(self.rounds),
+            "drafted_rounds": self.drafted_rounds,
             "new_tokens": self.new_tokens,
             "tokens_per_second": self.tokens_per_second,
             "acceptance_rate": self.acceptance_rate,
@@ -104,7 +111,8 @@ class DSparkStats:
     def __str__(self) -> str:
         fmt = lambda xs: "[" + ", ".join(f"{x:.2f}" for x in xs) + "]"  # noqa: E731
         return (
-            f"DSparkStats(τ={self.tau:.2f} over {len(self.rounds)} rounds, {self.new_tokens} new tokens, "
+            f"DSparkStats(τ={self.tau:.2f} over {len(self.rounds)} rounds ({self.drafted_rounds} drafted), "
+            f"{self.new_tokens} new tokens, "
             f"{self.tokens_per_second:.1f} tok/s, draft {self.draft_time:.2f}s / verify {self.verify_time:.2f}s, "
             f"conditional acceptance {fmt(self.conditional_acceptance)}, verify lengths {self.verify_lengths})"
         )

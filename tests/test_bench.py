@@ -41,7 +41,8 @@ def test_every_method_every_field(tmp_path):
         assert {"tokens_per_s", "speedup_median", "speedup_p25", "speedup_p75", "speedup_pooled", "mismatches"} <= set(e)
         assert e["mismatches"] == []
         if name not in ("plain", "prompt-lookup-3"):
-            assert {"tau", "conditional_acceptance", "verify_lengths", "draft_time_s"} <= set(e)
+            assert {"tau", "conditional_acceptance", "verify_lengths", "draft_time_s", "rounds", "drafted_rounds"} <= set(e)
+            assert 0 < e["drafted_rounds"] <= e["rounds"]
     assert max(res["methods"]["dspark-k2"]["all"]["verify_lengths"]) <= 2
     assert {"cpu", "threads", "torch", "transformers", "dtype"} <= set(res["environment"])
     json.dumps(res, default=str)

@@ -133,6 +133,7 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical():
     assert spec.tolist() == plain.tolist()
     drafted = [r.drafted > 0 for r in drafter.last_stats.rounds]
     assert drafted[0] and 2 <= sum(drafted) <= 8, drafted  # the first round, then probes 1, 2, 4, 8, 16 apart
+    assert drafter.last_stats.drafted_rounds == sum(drafted) and "drafted)" in str(drafter.last_stats)
 
 
 def test_profile_of_another_setup_is_refused():
