@@ -1,6 +1,7 @@
 """Where a DSpark round's time goes on this machine (SmolLM2 + a drafter), phase by phase, medians.
 
-    .venv/bin/python scripts/profile_round.py [--drafter PATH] [--dtype float32] [--threads 2] [--draft-vocab K]
+    .venv/bin/python scripts/profile_round.py [--drafter PATH] [--dtype float32] [--threads 2] [--drafts 2]
+        [--policy scheduler]
 
 Phases: target decode step (k=1) and verification (k=γ+1) at a 300-token cache; drafter context ingest
 (accepted rows), backbone, LM-head rows (full vs pruned vocabulary), sequential head loop, transformers'
@@ -30,11 +31,13 @@ def main():
     ap.add_argument("--drafter")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--draft-vocab", type=int, default=0, help="prune to the K most frequent ids of the LM head's "
-                    "training data is not known here: uses the drafter's own draft_vocab if it has one")
+    ap.add_argument("--drafts", type=int, nargs="*", default=[2], help="also time rounds of this many drafts "
+                    "(what a policy caps the block to: the scheduler's max_verified, a static length)")
+    ap.add_argument("--policy", default="scheduler", help="verify policy of the generate rounds at the end")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from hf_dspark import DSparkDrafter, load_default_target
+    from hf_dspark.candidate import backbone_slots
     from hf_dspark.heads import sequential_draft
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
@@ -56,30 +59,34 @@ def main():
         feats = torch.cat([hs[i + 1] for i in drafter.config.target_layer_ids], -1)
         kv = drafter.context_kv(feats[:, :296], torch.arange(296)[None])
         rows["drafter: ingest 4 accepted rows"] = median_ms(lambda: drafter.context_kv(feats[:, 296:300], torch.arange(296, 300)[None]))
-        emb = drafter.embed(torch.full((1, g), 16))
-        pos = torch.arange(300, 300 + g)[None]
-        rows["drafter: backbone"] = median_ms(lambda: drafter.backbone(emb, pos, kv))
-        h = drafter.backbone(emb, pos, kv)[0]
         vocab, lm_rows, w2 = drafter.draft_weights()
-        rows[f"drafter: LM head, {lm_rows.shape[0]} rows x {g}"] = median_ms(lambda: drafter.base_logits(h, lm_rows))
-        if vocab is not None:
-            rows[f"drafter: LM head, full {model.config.vocab_size} rows x {g}"] = median_ms(lambda: drafter.base_logits(h))
-        U = drafter.base_logits(h, lm_rows)
         prefix = ids[:, :300]
-        rows["drafter: sequential head + confidence (greedy)"] = median_ms(lambda: sequential_draft(
-            U, h, torch.tensor(5), drafter.head, drafter.confidence, prefix, None, False, vocab=vocab, w2=w2,
-            vocab_size=model.config.vocab_size))
+        for n in sorted({g, *a.drafts}, reverse=True):  # a whole block, and the sizes policies cap it to
+            slots = backbone_slots(n, g)
+            emb = drafter.embed(torch.full((1, slots), 16))
+            pos = torch.arange(300, 300 + slots)[None]
+            rows[f"drafter: backbone, {slots} slots"] = median_ms(lambda: drafter.backbone(emb, pos, kv))
+            h = drafter.backbone(emb, pos, kv)[0, :n]
+            rows[f"drafter: LM head, {lm_rows.shape[0]} rows x {n}"] = median_ms(lambda: drafter.base_logits(h, lm_rows))
+            if vocab is not None and n == g:
+                rows[f"drafter: LM head, full {model.config.vocab_size} rows x {g}"] = median_ms(lambda: drafter.base_logits(h))
+            U = drafter.base_logits(h, lm_rows)
+            rows[f"drafter: sequential head + confidence (greedy), {n} drafts"] = median_ms(lambda: sequential_draft(
+                U, h, torch.tensor(5), drafter.head, drafter.confidence, prefix, None, False, vocab=vocab, w2=w2,
+                vocab_size=model.config.vocab_size))
     prompt = tok.apply_chat_template([{"role": "user", "content": "Explain photosynthesis in two sentences."}],
                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    drafter.verify_policy = int(a.policy) if a.policy.isdigit() else a.policy
     model.generate(**prompt, max_new_tokens=16, assistant_model=drafter)
     t0 = time.perf_counter()
     model.generate(**prompt, max_new_tokens=64, min_new_tokens=64, assistant_model=drafter)
     total = time.perf_counter() - t0
     st = drafter.last_stats
     rows["generate: wall per round"] = 1000 * total / max(len(st.rounds), 1)
-    rows["generate: drafter per round (measured in get_candidates)"] = 1000 * st.draft_time / max(len(st.rounds), 1)
+    rows["generate: drafter per drafted round (measured in get_candidates)"] = 1000 * st.draft_time / max(st.drafted_rounds, 1)
     rows["generate: verify per round (target + selection + bookkeeping)"] = 1000 * st.verify_time / max(len(st.rounds), 1)
-    print(f"threads={a.threads} dtype={a.dtype} block={g} τ={st.tau:.2f}")
+    print(f"threads={a.threads} dtype={a.dtype} block={g} policy={a.policy} τ={st.tau:.2f} "
+          f"({st.drafted_rounds}/{len(st.rounds)} rounds drafted)")
     for k, v in rows.items():
         print(f"{k:64s} {v:8.1f} ms")
 
