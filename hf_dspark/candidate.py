@@ -279,9 +279,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
             return self._send(input_ids, input_ids, None, None, t0)
         self._fuse()
         dr = self.drafter
-        # The backbone sees the anchor and n mask slots, not the whole block: slots past the last draft plus one
-        # changed no acceptance we measured (docs/benchmarks.md) and each costs backbone time on CPU.
-        slots = backbone_slots(n, self.block_size)
+        # The backbone runs only the slots the policy can use (backbone_slots): more changed no acceptance we
+        # measured and each costs time on CPU. The length limit only trims the block, so `replay` stays exact.
+        slots = backbone_slots(self.verify_policy.max_drafts, self.block_size)
         block_ids = torch.cat([input_ids[:, -1:].to(dr.device), self.mask_ids[:, : slots - 1]], dim=-1)
         positions = torch.arange(cur_len - 1, cur_len - 1 + slots, device=dr.device)[None]
         h = dr.backbone(dr.embed(block_ids), positions, self.context_kv)[0, :n]
