@@ -163,15 +163,22 @@ def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DevicePr
 def get_profile(target, drafter, measure: bool = True, **measure_kwargs) -> DeviceProfile:
     """The cached profile for this target/drafter/device/dtype/torch; if there is none, measure and cache one
     (`measure=True`, a few seconds on CPU) or raise FileNotFoundError. Never returns another setup's profile."""
+    from transformers.utils import logging
+
     key = profile_key(target, drafter)
     path = profile_path(key)
     if path.exists():
-        return load_profile(path, expect=key)
-    if not measure:
+        profile = load_profile(path, expect=key)
+        if profile.draft_tokens or not measure:
+            return profile
+        # measured before drafting was capped (draft_tokens = 0): its draft time is a whole block's, too high
+        logging.get_logger(__name__).warning("Re-measuring the device profile at %s: it predates the drafter's "
+                                             "capped rounds", path)
+    elif not measure:
         raise FileNotFoundError(f"no device profile for {key} at {path}; run `hf-dspark profile`")
-    from transformers.utils import logging
-
-    logging.get_logger(__name__).warning("No device profile for %s on %s yet: measuring one (once)", key.model, key.device)
+    else:
+        logging.get_logger(__name__).warning("No device profile for %s on %s yet: measuring one (once)", key.model,
+                                             key.device)
     profile = measure_profile(target, drafter, **measure_kwargs)
     profile.save(path)
     return profile
@@ -349,8 +356,9 @@ def cmd_profile(args) -> int:
         torch.set_num_threads(args.threads)
     model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
     path = profile_path(profile_key(model, drafter))
-    if path.exists() and not args.force:
-        profile = load_profile(path, expect=profile_key(model, drafter))
+    cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
+    if cached is not None and cached.draft_tokens:  # (draft_tokens = 0: measured before capped rounds, redo)
+        profile = cached
         print(f"cached profile {path} (use --force to re-measure)")
     else:
         profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats)
