@@ -80,7 +80,8 @@ def cmd_generate(args) -> int:
     print(f"DSpark         : {n_spec:4d} tokens in {t_spec:6.2f} s = {n_spec / t_spec:6.1f} tok/s "
           f"({(n_spec / t_spec) / (n_plain / t_plain):.2f}x)")
     print(f"verify policy: {args.verify}; verified drafts per round: {st.verify_lengths}")
-    print(f"τ (accepted per round, incl. bonus) = {st.tau:.2f} over {len(st.rounds)} rounds; "
+    print(f"τ (accepted per round, incl. bonus) = {st.tau:.2f} over {len(st.rounds)} rounds "
+          f"({st.drafted_rounds} drafted); "
           f"conditional acceptance by position = {[round(x, 2) for x in st.conditional_acceptance]}")
     if args.do_sample:
         print("sampling: outputs are draws from the same distribution, not expected to be identical")

@@ -127,10 +127,7 @@ def test_cli_profile(tmp_path, capsys, char_tokenizer):
     char_tokenizer.save_pretrained(tmp_path / "tiny")
     argv = ["profile", "--target", str(tmp_path / "tiny"), "--device", "cpu", "--cache-len", "8",
             "--warmup", "0", "--repeats", "1", "--output", str(tmp_path / "out.json")]
-    try:
-        assert cli.main(argv) == 0
-    except SystemExit as e:  # cli.py not wired yet
-        pytest.skip(f"`hf-dspark profile` not registered in cli.py ({e})")
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "saved" in out and "break-even" in out
     assert cli.main(argv) == 0 and "cached profile" in capsys.readouterr().out
