@@ -69,6 +69,12 @@ class DeviceProfile:
         return len(self.verify_time) - 1
 
     @property
+    def current(self) -> bool:
+        """False for a profile measured before drafting was capped (no draft_tokens): its draft time is a whole
+        block's, too high for the rounds decoding now runs, so it is measured again when found in the cache."""
+        return self.draft_tokens > 0
+
+    @property
     def round_overhead(self) -> float:
         """Fixed seconds per round whatever ℓ is: drafting the full block + cache roll-back."""
         return self.draft_time + self.rollback_time
@@ -169,9 +175,8 @@ def get_profile(target, drafter, measure: bool = True, **measure_kwargs) -> Devi
     path = profile_path(key)
     if path.exists():
         profile = load_profile(path, expect=key)
-        if profile.draft_tokens or not measure:
+        if profile.current or not measure:
             return profile
-        # measured before drafting was capped (draft_tokens = 0): its draft time is a whole block's, too high
         logging.get_logger(__name__).warning("Re-measuring the device profile at %s: it predates the drafter's "
                                              "capped rounds", path)
     elif not measure:
@@ -357,7 +362,7 @@ def cmd_profile(args) -> int:
     model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
     path = profile_path(profile_key(model, drafter))
     cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
-    if cached is not None and cached.draft_tokens:  # (draft_tokens = 0: measured before capped rounds, redo)
+    if cached is not None and cached.current:
         profile = cached
         print(f"cached profile {path} (use --force to re-measure)")
     else:
