@@ -56,6 +56,18 @@ def test_sampling_exact_with_scheduler():
     assert undrafted > calls, undrafted
 
 
+def test_sampling_exact_with_capped_drafts():
+    """Static length 1 on a 3-token block: one draft per round from a 2-slot backbone (max_drafts, backbone_slots),
+    so q comes from a shorter block than training used; the samples must still follow the target's law."""
+    model, drafter = setup(head="markov")
+    drafter.verify_policy = 1
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
+    assert max(r.drafted for r in drafter.last_stats.rounds) == 1
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"capped drafts: samples deviate from the target's law (p={p:.2e})"
+
+
 N_GATE = 400
 
 
