@@ -140,18 +140,22 @@ class DraftGate:
     A drafted round costs draft_time + T*(1 + ℓ) and commits 1 + (accepted drafts) tokens; a round without
     drafts is a plain decode step, T(1) for one token. The gate keeps exponential averages over rounds (weight
     `weight` on the newest; a skipped round observes nothing but ages what is known) of the accepted drafts and
-    of that cost in drafted rounds, and drafts while (1 + A) / C > 1 / T(1). When it stops drafting it probes again after 1, 2, 4, ... `max_skip` skipped
-    rounds (the wait doubles after each probe that does not pay, and resets after one that does), so a drafter
-    that stops paying costs at most one drafted round in `max_skip` + 1.
+    of that cost in drafted rounds, and drafts while (1 + A)·T(1) > C. When it stops drafting it probes again
+    after 1, 2, 4, ... skipped rounds: the wait doubles after each probe that does not pay, until a probe's loss
+    (C - (1 + A)·T(1): what the drafted round cost beyond plain steps for the same tokens) spread over the wait
+    is at most `budget` (default 1 %) of a plain step, and resets after a probe that pays. So a drafter that has
+    stopped paying makes decoding at most ~`budget` slower than plain, once the wait has grown (log2 of it probes).
 
     Lossless: the decision for a round depends only on earlier rounds' outcomes, never on the round's own drafts,
     so every round's output law is the target's (a round without drafts is exactly a target step). It reads only
     token counts and the profile's fixed costs, never a clock, so a seeded run makes the same decisions again.
     """
 
-    def __init__(self, step_time: Sequence[float], draft_time: float, weight: float = 0.25, max_skip: int = 16):
+    def __init__(self, step_time: Sequence[float], draft_time: float, weight: float = 0.25, budget: float = 0.01):
         self.env = monotone_envelope(step_time)
-        self.draft_time, self.weight, self.max_skip = float(draft_time), float(weight), int(max_skip)
+        if not 0 < budget < 1:
+            raise ValueError(f"budget must be in (0, 1), got {budget}")
+        self.draft_time, self.weight, self.budget = float(draft_time), float(weight), float(budget)
         self.accepted: float | None = None  # EMA of drafts accepted per drafted round
         self.cost: float | None = None  # EMA of seconds per drafted round
         self.skipped, self.wait, self.probing = 0, 1, False
@@ -176,5 +180,9 @@ class DraftGate:
             self.accepted = (1 - w) * self.accepted + w * accepted
             self.cost = (1 - w) * self.cost + w * cost
         if self.probing:
-            self.wait = 1 if self.profitable() else min(2 * self.wait, self.max_skip)
+            loss = self.cost - (1.0 + self.accepted) * self.env[0]  # seconds lost per drafted round (< 0: it pays)
+            if self.profitable():
+                self.wait = 1
+            elif loss > self.budget * self.wait * self.env[0]:  # probing every `wait` rounds still costs too much
+                self.wait *= 2
         self.skipped, self.probing = 0, False

@@ -173,10 +173,28 @@ def test_gate_keeps_drafting_while_drafts_pay():
 
 
 def test_gate_backs_off_when_drafts_do_not_pay_and_probes():
-    gate = DraftGate(SMOLLM2_2T, 23.0, max_skip=8)
+    # a failed probe loses 23 + 59.8 - 48.5 = 34.3 ms; at a 10 % budget the wait stops doubling at 8 (34.3 < 38.8)
+    gate = DraftGate(SMOLLM2_2T, 23.0, budget=0.1)
     drafted = _run_gate(gate, lambda r: 0, 60)
     # round 0 drafts (no history), then waits 1, 2, 4, 8, 8, ... skipped rounds between probes
     assert drafted == [0, 2, 5, 10, 19, 28, 37, 46, 55]
+
+
+def test_gate_probing_costs_at_most_its_budget():
+    gate = DraftGate(SMOLLM2_2T, 23.0)  # default budget 1 % of a plain step
+    rounds = 3000
+    drafted = _run_gate(gate, lambda r: 0, rounds)
+    waits = [b - a - 1 for a, b in zip(drafted, drafted[1:])]
+    # doubling stops at the first wait where 34.3 ms per probe is ≤ 1 % of the plain steps waited: 128 (64 is 1.1 %)
+    assert waits[:8] == [1, 2, 4, 8, 16, 32, 64, 128] and set(waits[8:]) == {128}
+    lost = (23.0 + 59.8 - 48.5) * len(drafted)
+    assert lost / (rounds * 48.5) < 0.01  # the whole run, ramp included, is within 1 % of plain decoding
+
+
+def test_gate_budget_must_be_a_fraction():
+    for bad in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError, match="budget"):
+            DraftGate(SMOLLM2_2T, 23.0, budget=bad)
 
 
 def test_gate_resumes_when_a_probe_pays():
