@@ -2,6 +2,7 @@
 check fires on a deliberately corrupted output."""
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -49,6 +50,19 @@ def test_every_method_every_field(tmp_path):
     assert "dspark" in markdown_table(res)
     plot(res, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+    # scripts/bench_docs.py: what docs/ keeps of a run (one row per prompt and method) and the merged plot
+    import subprocess, sys
+    (tmp_path / "results.json").write_text(json.dumps(res, default=str))
+    subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "bench_docs.py"), str(tmp_path / "results.json"), "--compact",
+                    str(tmp_path / "c_{}.json"), "--plot", str(tmp_path / "merged.png")], check=True)
+    small = json.loads((tmp_path / "c_set-a_set-b.json").read_text())
+    assert small["methods"] == json.loads(json.dumps(res["methods"], default=str))
+    assert len(small["rows"]) == len(res["rows"]) and all("rounds" not in r for r in small["rows"] if r["method"] == "plain")
+    d = next(r for r in small["rows"] if r["method"] == "dspark")
+    orig = next(r for r in res["rows"] if r["method"] == "dspark" and r["prompt"] == d["prompt"])
+    assert d["rounds"] == len(orig["rounds"]) and d["accepted"] == sum(x["accepted"] for x in orig["rounds"])
+    assert (tmp_path / "merged.png").stat().st_size > 1000
 
 
 def test_identity_check_fires_on_a_corrupted_output():
