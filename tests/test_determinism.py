@@ -3,7 +3,7 @@
 
 Across the two paths only the deterministic decodes are equal token for token (greedy, top-k = 1). Sampled
 outputs are not: the kernel draws each draft by Gumbel-max from one `torch.rand(n, V')` per round
-(dspark_kernels.dispatch), the reference by one `torch.multinomial` per draft token (heads.sequential_draft).
+(dspark_kernels.dispatch), the reference by one uniform per draft token (inverse CDF, heads.draw).
 Both are exact draws from the same q, but they consume torch's generator differently, so from the same seed
 the two paths walk different random streams (and so does transformers' rejection sampler after them).
 Given the same uniforms the kernel and its PyTorch specification draw the same tokens: tests/test_kernels.py
@@ -113,7 +113,7 @@ def test_deterministic_decodes_are_equal_across_paths(models, monkeypatch):
 
 def test_sampled_paths_consume_the_generator_differently(models, monkeypatch):
     """Why sampled outputs differ across paths: per round the kernel path draws one uniform per draft-vocabulary
-    entry and position (Gumbel-max), the reference one multinomial per position. Pinned here so a change that
+    entry and position (Gumbel-max), the reference one uniform per position (heads.draw). Pinned here so a change that
     makes the two share uniforms (and so sampled outputs) shows up as a failure to update the docstring above."""
     model, dr = models
     monkeypatch.setattr(candidate, "sequential_draft", dispatch.sequential_draft)
@@ -135,5 +135,5 @@ def test_sampled_paths_consume_the_generator_differently(models, monkeypatch):
             monkeypatch.setattr(torch, "rand", real_rand)
             monkeypatch.setattr(torch, "multinomial", real_multi)
         draws[name] = seen
-    assert draws["torch"] == {"rand": [], "multinomial": 4}
+    assert draws["torch"] == {"rand": [(1, 1)] * 4, "multinomial": 0}
     assert draws["triton"] == {"rand": [(4, 48)], "multinomial": 0}

@@ -86,7 +86,7 @@ def sequential_draft(base_logits, hidden, anchor, head, confidence, prefix_ids, 
                      vocab=None, w2=None, vocab_size=None):
     """Drop-in for hf_dspark.heads.sequential_draft (same arguments, same DraftBlock): the fused Markov draft
     when `use_kernels`, else the reference. Sampling draws Gumbel noise from torch's generator: a different
-    stream than the reference's multinomial, the same distribution, and the returned logits are exactly the
+    stream than the reference's one uniform per token (heads.draw), the same distribution, and the returned logits are exactly the
     ones sampled from."""
     from hf_dspark.heads import DraftBlock
     from hf_dspark.heads import sequential_draft as reference
