@@ -2,6 +2,8 @@
 check fires on a deliberately corrupted output."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -52,7 +54,6 @@ def test_every_method_every_field(tmp_path):
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
     # scripts/bench_docs.py: what docs/ keeps of a run (one row per prompt and method) and the merged plot
-    import subprocess, sys
     (tmp_path / "results.json").write_text(json.dumps(res, default=str))
     subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "bench_docs.py"), str(tmp_path / "results.json"), "--compact",
                     str(tmp_path / "c_{}.json"), "--plot", str(tmp_path / "merged.png")], check=True)
