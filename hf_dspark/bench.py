@@ -22,12 +22,14 @@ from tqdm.auto import tqdm
 
 @dataclass
 class Method:
-    """A way to generate: `extra` are generate() kwargs; `drafter` (optional) with its `policy`."""
+    """A way to generate: `extra` are generate() kwargs; `drafter` (optional) with its `policy`, and whether it
+    takes n-gram drafts when it can (`lookup`: drafter.prompt_lookup)."""
 
     name: str
     extra: dict = field(default_factory=dict)
     drafter: object | None = None
     policy: object = "all"
+    lookup: bool = False
 
 
 def load_prompts(paths: list[str], limit: int | None) -> list[tuple[str, str]]:
@@ -76,7 +78,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
     def one(m: Method, ids):
         kw = dict(gen, **m.extra)
         if m.drafter is not None:
-            m.drafter.verify_policy = m.policy
+            m.drafter.verify_policy, m.drafter.prompt_lookup = m.policy, m.lookup
             kw["assistant_model"] = m.drafter
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
@@ -117,7 +119,7 @@ def _pooled_stats(rows: list[dict], block: int) -> dict:
     for r in rows:
         st.rounds += [Round(**x) for x in r["rounds"]]
     return {"tau": st.tau, "rounds": len(st.rounds), "drafted_rounds": st.drafted_rounds,
-            "conditional_acceptance": st.conditional_acceptance,
+            "lookup_rounds": st.lookup_rounds, "conditional_acceptance": st.conditional_acceptance,
             "acceptance_rate": st.acceptance_rate, "verify_lengths": st.verify_lengths,
             "draft_time_s": st.draft_time, "verify_time_s": st.verify_time}
 
@@ -190,15 +192,32 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def policy_name(policy) -> str:
-    """The method name of DSpark under a verify policy: dspark, dspark+scheduler, dspark-k3, dspark-threshold-0.5."""
+def policy_name(policy, lookup: bool = False) -> str:
+    """The method name of DSpark under a verify policy: dspark, dspark+scheduler, dspark-k3, dspark-threshold-0.5;
+    with n-gram drafts (drafter.prompt_lookup) a "+lookup" suffix."""
     if policy == "all":
-        return "dspark"
-    if policy == "scheduler":
-        return "dspark+scheduler"
-    if isinstance(policy, tuple):
-        return f"dspark-threshold-{policy[1]:g}"
-    return f"dspark-k{policy}"
+        name = "dspark"
+    elif policy == "scheduler":
+        name = "dspark+scheduler"
+    elif isinstance(policy, tuple):
+        name = f"dspark-threshold-{policy[1]:g}"
+    else:
+        name = f"dspark-k{policy}"
+    return name + ("+lookup" if lookup else "")
+
+
+def dspark_methods(policies: str, drafter) -> list[Method]:
+    """`--policies` text, e.g. "all,scheduler+lookup" → one Method per entry, all on the same drafter (run_bench
+    sets its verify_policy and prompt_lookup per call)."""
+    from .cli import _policy
+
+    out = []
+    for text in policies.split(","):
+        text = text.strip()
+        lookup = text.endswith("+lookup")
+        policy = _policy(text.removesuffix("+lookup"))
+        out.append(Method(policy_name(policy, lookup), drafter=drafter, policy=policy, lookup=lookup))
+    return out
 
 
 def add_parser(sub) -> None:
@@ -214,7 +233,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-lookup", type=int, default=7, help="prompt_lookup_num_tokens (0 = skip)")
     p.add_argument("--policies", default="all,scheduler",
                    help="DSpark verify policies to run, comma separated: all, scheduler, an int k (static length), "
-                        "threshold:T (static confidence threshold)")
+                        "threshold:T (static confidence threshold); a '+lookup' suffix (scheduler+lookup) adds "
+                        "n-gram drafts (drafter.prompt_lookup)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="out/bench", help="folder for results.json, results.md, plot.png")
@@ -222,7 +242,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .cli import _dtype, _policy, load_target_and_drafter
+    from .cli import _dtype, load_target_and_drafter
     from .drafter import DSparkDrafter
 
     if args.threads:
@@ -234,9 +254,7 @@ def cmd_bench(args) -> int:
         methods.append(Method(f"prompt-lookup-{args.prompt_lookup}", {"prompt_lookup_num_tokens": args.prompt_lookup}))
     if args.ablation:
         methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
-    for text in args.policies.split(","):  # one drafter; run_bench sets its verify_policy per call
-        policy = _policy(text.strip())
-        methods.append(Method(policy_name(policy), drafter=drafter, policy=policy))
+    methods += dspark_methods(args.policies, drafter)
     prompts = load_prompts(args.prompts, args.limit)
     res = run_bench(model, tok, methods, prompts, args.max_new_tokens, args.do_sample, args.temperature)
     out = Path(args.out)

@@ -26,6 +26,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .drafter import DSparkDrafter
+from .lookup import NgramIndex
 try:  # kernels/dspark_kernels: the fused Triton draft on CUDA; it runs heads.sequential_draft otherwise
     from dspark_kernels.dispatch import sequential_draft
 except ModuleNotFoundError as e:  # an install without kernels/ (see docs/kernels.md)
@@ -259,6 +260,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
         self.verify_policy = VerifyPolicy.for_drafter(drafter, target)  # drafter.verify_policy, resolved once
+        self.ngrams = NgramIndex() if getattr(drafter, "prompt_lookup", False) else None
         drafter.last_stats = self.stats
 
     @torch.no_grad()
@@ -273,10 +275,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
         t0 = time.perf_counter()
         self._collect(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
-        # drafts that could still be committed, and that the policy could ever verify
-        n = min(self.block_size, self.max_length - cur_len - 1, self.verify_policy.max_drafts)
+        room = self.max_length - cur_len - 1  # drafts that could still be committed
+        if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (lookup.py)
+            self.ngrams.extend(input_ids[0, len(self.ngrams.seq):].tolist())
+            drafts = self.ngrams.draft(min(self.verify_policy.max_lookup, room))
+            if drafts:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
+                candidate = torch.cat([input_ids, input_ids.new_tensor([drafts])], dim=-1)
+                return self._send(input_ids, candidate, None, drafts, [], "lookup", t0)
+        n = min(self.block_size, room, self.verify_policy.max_drafts)  # and that the policy could ever verify
         if n <= 0 or not self.verify_policy.should_draft():  # a plain target step this round
-            return self._send(input_ids, input_ids, None, None, t0)
+            return self._send(input_ids, input_ids, None, [], [], "dspark", t0)
         self._fuse()
         dr = self.drafter
         # The backbone runs only the slots the policy can use (backbone_slots): more changed no acceptance we
@@ -294,19 +302,19 @@ class DSparkCandidateGenerator(CandidateGenerator):
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
         # transformers verifies on input_ids' device (device_map targets: may differ from the drafter's)
         logits = block.logits[:length].unsqueeze(0).to(input_ids.device) if (self.do_sample and length) else None
-        return self._send(input_ids, candidate, logits, block, t0)
+        conf = self.drafter.confidence_probs(block.conf_logits).tolist() if self.drafter.confidence is not None else []
+        return self._send(input_ids, candidate, logits, block.tokens.tolist(), conf, "dspark", t0)
 
-    def _send(self, input_ids, candidate, logits, block, t0):
+    def _send(self, input_ids, candidate, logits, drafts: list[int], conf: list[float], source: str, t0):
         cur_len = input_ids.shape[1]
         self.observer.begin_round(candidate, cur_len)
-        has_conf = block is not None and self.drafter.confidence is not None
-        conf = self.drafter.confidence_probs(block.conf_logits).tolist() if has_conf else []
         self.pending = {
             "cur_len": cur_len,
-            "drafted": 0 if block is None else len(block.tokens),
-            "tokens": [] if block is None else block.tokens.tolist(),
+            "drafted": len(drafts),
+            "tokens": drafts,
             "verified": candidate.shape[1] - cur_len,
             "confidence": conf,
+            "source": source,
             "draft_time": time.perf_counter() - t0,
             "sent": time.perf_counter(),
         }
@@ -357,12 +365,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         accepted = 0  # drafts kept = common prefix of drafts and committed tokens (a stop may drop the bonus)
         while accepted < min(p["verified"], len(new_tokens)) and new_tokens[accepted] == p["tokens"][accepted]:
             accepted += 1
-        self.verify_policy.record(p["drafted"], p["verified"], accepted)
+        if p["source"] == "dspark":  # the draft gate judges the drafter; lookup rounds neither pay nor age it
+            self.verify_policy.record(p["drafted"], p["verified"], accepted)
         probs = self.observer.target_probs
         self.stats.new_tokens = input_ids.shape[1] - self.stats.prompt_tokens
         self.stats.add(Round(
             drafted=p["drafted"], verified=p["verified"], accepted=accepted, committed=len(new_tokens),
             draft_time=p["draft_time"], verify_time=time.perf_counter() - p["sent"],
             confidence=p["confidence"], target_probs=[probs[k] for k in sorted(probs)],
-            tokens=p["tokens"], new_tokens=new_tokens,
+            tokens=p["tokens"], new_tokens=new_tokens, source=p["source"],
         ))

@@ -154,10 +154,12 @@ class DSparkDrafter(PreTrainedModel):
             self.draft_vocab = None
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.last_stats = None
-        # Run-time options, HF-style on the assistant (see verify_policy.py): how many drafts to verify, and
-        # the DeviceProfile the scheduler uses (None = the cached one for this target/device, measured once).
+        # Run-time options, HF-style on the assistant (see verify_policy.py): how many drafts to verify, the
+        # DeviceProfile the scheduler uses (None = the cached one for this target/device, measured once), and
+        # whether rounds whose last tokens occurred before take free n-gram drafts instead (lookup.py).
         self.verify_policy = "all"
         self.device_profile = None
+        self.prompt_lookup = False
         self.post_init()
 
     @property

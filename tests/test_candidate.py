@@ -291,3 +291,26 @@ def test_drafts_only_what_the_policy_can_verify(llama, policy, drafts, monkeypat
     far = [r for r in rounds if r.drafted]  # rounds near the length limit draft fewer
     assert max(r.drafted for r in far) == drafts
     assert max(slots) == min(BLOCK, drafts + 1) and len(slots) == len(far)
+
+
+@pytest.mark.parametrize("policy, cap", [("all", BLOCK), (2, 2), (0, 0)])
+def test_prompt_lookup_greedy_identity(llama, policy, cap):
+    """drafter.prompt_lookup: rounds whose last tokens occurred before verify the tokens that followed them (the
+    latest earlier occurrence, tests/test_lookup.py), at most the policy's cap, and the output stays identical."""
+    from tests.test_lookup import brute_force
+
+    drafter = drafter_for(llama)
+    drafter.verify_policy, drafter.prompt_lookup = policy, True
+    plain = assert_identical(llama, drafter, oracle=False, max_new_tokens=60)
+    st = drafter.last_stats
+    seq = plain[0, : PROMPT.shape[1] + 1].tolist()  # the prompt and the prefill's token
+    lookups = 0
+    for r in st.rounds:
+        if r.source == "lookup":
+            lookups += 1
+            assert 0 < r.verified == r.drafted <= cap and r.confidence == []
+            assert r.tokens == brute_force(seq, 99)[: r.drafted]
+        seq += r.new_tokens
+    assert seq == plain[0].tolist()
+    assert (lookups > 0) == (cap > 0) and st.lookup_rounds == lookups
+    assert (sum(r.accepted for r in st.rounds if r.source == "lookup") > 0) == (cap > 0)  # and some are kept

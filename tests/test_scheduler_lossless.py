@@ -56,6 +56,19 @@ def test_sampling_exact_with_scheduler():
     assert undrafted > calls, undrafted
 
 
+def test_sampling_exact_with_scheduler_and_lookup():
+    """The scheduler, its DraftGate and n-gram drafts (1-grams allowed, so they are frequent) in one run."""
+    from tests.test_sampling import lookup_share, prompt_lookup
+
+    model, drafter = scheduled_setup("scheduler")
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    with prompt_lookup(drafter, 1):
+        samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
+        assert lookup_share(model, drafter) > 0.25
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"scheduler + lookup: samples deviate from the target's law (p={p:.2e})"
+
+
 def test_sampling_exact_with_capped_drafts():
     """Static length 1 on a 3-token block: one draft per round from a 2-slot backbone (max_drafts, backbone_slots),
     so q comes from a shorter block than training used; the samples must still follow the target's law."""
@@ -108,14 +121,15 @@ def test_lookahead_negative_control(name, policy, curve, lossless):
         assert p < ALPHA, f"the goodness-of-fit test failed to reject the look-ahead scheduler (p={p:.2e})"
 
 
+@pytest.mark.parametrize("lookup", [False, True], ids=["drafter", "with-lookup"])
 @pytest.mark.parametrize("policy", ["scheduler", 0, 1, ("threshold", 0.5)])
-def test_greedy_identity_with_verify_policies(policy):
+def test_greedy_identity_with_verify_policies(policy, lookup):
     model = tiny_target()
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
     spread_confidence(drafter)
     drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
-    drafter.verify_policy = policy
+    drafter.verify_policy, drafter.prompt_lookup = policy, lookup
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     spec = model.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter)
@@ -126,7 +140,11 @@ def test_greedy_identity_with_verify_policies(policy):
         assert set(st.verify_lengths) == {0}
     # no more drafts are computed than the policy can ever verify (static k: k; the scheduler: max_verified)
     cap = {"scheduler": max_verified(drafter.device_profile.verify_time), 0: 0, 1: 1}.get(policy, 4)
-    assert max(r.drafted for r in st.rounds) == cap
+    assert max(r.drafted for r in st.rounds if r.source == "dspark") == cap
+    # n-gram drafts: all of them up to the static k, the scheduler's bound for free drafts, else γ
+    lookups = [r.drafted for r in st.rounds if r.source == "lookup"]
+    assert bool(lookups) == (lookup and policy != 0)
+    assert max(lookups, default=0) <= {"scheduler": max_verified(drafter.device_profile.verify_time, 0.0)}.get(policy, cap)
 
 
 def test_draft_gate_skips_an_expensive_drafter_greedy_identical():
@@ -146,6 +164,13 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical():
     drafted = [r.drafted > 0 for r in drafter.last_stats.rounds]
     assert drafted[0] and 2 <= sum(drafted) <= 8, drafted  # the first round, then probes 1, 2, 4, 8, 16 apart
     assert drafter.last_stats.drafted_rounds == sum(drafted) and "drafted)" in str(drafter.last_stats)
+
+    # n-gram rounds neither pay for the drafter nor age the gate's history: it still probes rarely
+    drafter.prompt_lookup = True
+    spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+    st = drafter.last_stats
+    assert st.lookup_rounds > 0 and 1 <= sum(r.drafted > 0 and r.source == "dspark" for r in st.rounds) <= 8
 
 
 def test_profile_of_another_setup_is_refused():

@@ -1,0 +1,55 @@
+"""hf_dspark/lookup.py: the n-gram index against a brute-force search, grown in random chunks."""
+
+import random
+
+import pytest
+
+from hf_dspark.lookup import NgramIndex
+
+
+def brute_force(seq, num, min_ngram=2, max_ngram=4):
+    """The tokens after the latest earlier occurrence of the longest suffix n-gram (max..min), or []."""
+    end = len(seq)
+    for n in range(min(max_ngram, end - 1), min_ngram - 1, -1):
+        for start in range(end - n - 1, -1, -1):  # occurrences ending before the last token, latest first
+            if seq[start:start + n] == seq[end - n:]:
+                return seq[start + n:start + n + num]
+    return []
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 6, 50])
+def test_matches_brute_force_as_the_sequence_grows(vocab):
+    rng = random.Random(vocab)
+    for _ in range(20):
+        idx, seq = NgramIndex(), []
+        while len(seq) < 120:
+            chunk = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]  # a round commits 1..8 tokens
+            seq += chunk
+            idx.extend(chunk)
+            num = rng.randint(0, 9)
+            assert idx.draft(num) == brute_force(seq, num), (seq, num)
+
+
+def test_longest_and_latest_match_wins():
+    idx = NgramIndex()
+    idx.extend([7, 1, 2, 3, 9, 9, 2, 3, 4, 4, 1, 2, 3])
+    assert idx.draft(2) == [9, 9]  # (1, 2, 3) occurred at 1..3; the later (2, 3) at 6..7 is a shorter match
+    idx.extend([4])
+    assert idx.draft(5) == [4, 1, 2, 3, 4]  # the 3-gram (2, 3, 4) at 6..8; may run up to the last token
+    assert idx.draft(9) == [4, 1, 2, 3, 4]  # and no further
+
+
+def test_single_token_matches_are_not_drafted():
+    idx = NgramIndex()
+    idx.extend([1, 2, 3, 1])
+    assert idx.draft(4) == []  # only the 1-gram (1,) recurs
+    idx = NgramIndex(min_ngram=1)
+    idx.extend([1, 2, 3, 1])
+    assert idx.draft(4) == [2, 3, 1]
+
+
+def test_bad_sizes_are_named():
+    with pytest.raises(ValueError, match="min_ngram"):
+        NgramIndex(min_ngram=3, max_ngram=2)
+    with pytest.raises(ValueError, match="min_ngram"):
+        NgramIndex(min_ngram=0)
