@@ -56,17 +56,18 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
         policy, desc, note = verify_policy(req, drafter, profile_for)
         inputs = chat_inputs(tok, req.prompt, target.device)
         gen = dict(max_new_tokens=req.max_new_tokens, **sampling_kwargs(req))
-        for p in stream_generate(target, inputs, gen, drafter=drafter, policy=policy, lock=lock):
+        for p in stream_generate(target, inputs, gen, drafter=drafter, policy=policy, lock=lock, ngram=req.ngram):
             if p.error is not None:
                 raise gr.Error(f"generation failed: {type(p.error).__name__}: {p.error}")
             fates = view.classify(p.recorder.first_ids, p.rounds, req.block)
             n = len(view.committed_ids(fates))
             yield (view.answer_html(req.prompt, fates, decode, p.done, note),
-                   view.stats_html(p.stats, n, p.elapsed, req.block, desc), p if p.done else None)
+                   view.stats_html(p.stats, n, p.elapsed, req.block, desc + (" + n-gram drafts" if req.ngram else "")),
+                   p if p.done else None)
 
-    def request(prompt, max_new, temperature, top_p, block, scheduler, head) -> Request:
+    def request(prompt, max_new, temperature, top_p, block, scheduler, head, ngram) -> Request:
         try:
-            return check_request(Request(prompt, max_new, temperature, top_p, block, scheduler, head), gamma,
+            return check_request(Request(prompt, max_new, temperature, top_p, block, scheduler, head, ngram), gamma,
                                  max_new_tokens)
         except ValueError as e:
             raise gr.Error(str(e))
@@ -114,6 +115,8 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
                                   label=f"block size: drafts verified per round (drafter's γ = {gamma})")
                 scheduler = gr.Checkbox(value=False, label="scheduler (choose ℓ from c_k and the device profile)",
                                         elem_id="scheduler")
+                ngram = gr.Checkbox(value=False, elem_id="ngram",
+                                    label="n-gram drafts (copy from the context where its last 2-4 tokens repeat)")
                 has_none = models.drafters.get("none") is not None
                 head = gr.Radio(list(HEADS), value="Markov", label="sequential head", interactive=has_none)
                 if not has_none:
@@ -122,7 +125,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
                 answer = gr.HTML(view.legend_html(), elem_id="answer")
                 stats = gr.HTML("", elem_id="stats")
                 race = gr.HTML("", elem_id="race")
-        controls = [prompt, max_new, temperature, top_p, block, scheduler, head]
+        controls = [prompt, max_new, temperature, top_p, block, scheduler, head, ngram]
         outputs = [answer, stats, race]
         # One shared concurrency group: generate and race never run at once, so no stream sees another's state.
         for trigger, fn in ((go.click, on_generate), (prompt.submit, on_generate), (race_btn.click, on_race)):

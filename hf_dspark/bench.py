@@ -23,13 +23,13 @@ from tqdm.auto import tqdm
 @dataclass
 class Method:
     """A way to generate: `extra` are generate() kwargs; `drafter` (optional) with its `policy`, and whether it
-    takes n-gram drafts when it can (`lookup`: drafter.prompt_lookup)."""
+    takes n-gram drafts when it can (`ngram`: drafter.ngram_drafts)."""
 
     name: str
     extra: dict = field(default_factory=dict)
     drafter: object | None = None
     policy: object = "all"
-    lookup: bool = False
+    ngram: bool = False
 
 
 def load_prompts(paths: list[str], limit: int | None) -> list[tuple[str, str]]:
@@ -78,7 +78,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
     def one(m: Method, ids):
         kw = dict(gen, **m.extra)
         if m.drafter is not None:
-            m.drafter.verify_policy, m.drafter.prompt_lookup = m.policy, m.lookup
+            m.drafter.verify_policy, m.drafter.ngram_drafts = m.policy, m.ngram
             kw["assistant_model"] = m.drafter
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
@@ -119,7 +119,7 @@ def _pooled_stats(rows: list[dict], block: int) -> dict:
     for r in rows:
         st.rounds += [Round(**x) for x in r["rounds"]]
     return {"tau": st.tau, "rounds": len(st.rounds), "drafted_rounds": st.drafted_rounds,
-            "lookup_rounds": st.lookup_rounds, "conditional_acceptance": st.conditional_acceptance,
+            "ngram_rounds": st.ngram_rounds, "conditional_acceptance": st.conditional_acceptance,
             "acceptance_rate": st.acceptance_rate, "verify_lengths": st.verify_lengths,
             "draft_time_s": st.draft_time, "verify_time_s": st.verify_time}
 
@@ -192,9 +192,9 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def policy_name(policy, lookup: bool = False) -> str:
+def policy_name(policy, ngram: bool = False) -> str:
     """The method name of DSpark under a verify policy: dspark, dspark+scheduler, dspark-k3, dspark-threshold-0.5;
-    with n-gram drafts (drafter.prompt_lookup) a "+lookup" suffix."""
+    with n-gram drafts (drafter.ngram_drafts) a "+ngram" suffix."""
     if policy == "all":
         name = "dspark"
     elif policy == "scheduler":
@@ -203,20 +203,20 @@ def policy_name(policy, lookup: bool = False) -> str:
         name = f"dspark-threshold-{policy[1]:g}"
     else:
         name = f"dspark-k{policy}"
-    return name + ("+lookup" if lookup else "")
+    return name + ("+ngram" if ngram else "")
 
 
 def dspark_methods(policies: str, drafter) -> list[Method]:
-    """`--policies` text, e.g. "all,scheduler+lookup" → one Method per entry, all on the same drafter (run_bench
-    sets its verify_policy and prompt_lookup per call)."""
+    """`--policies` text, e.g. "all,scheduler+ngram" → one Method per entry, all on the same drafter (run_bench
+    sets its verify_policy and ngram_drafts per call)."""
     from .cli import _policy
 
     out = []
     for text in policies.split(","):
         text = text.strip()
-        lookup = text.endswith("+lookup")
-        policy = _policy(text.removesuffix("+lookup"))
-        out.append(Method(policy_name(policy, lookup), drafter=drafter, policy=policy, lookup=lookup))
+        ngram = text.endswith("+ngram")
+        policy = _policy(text.removesuffix("+ngram"))
+        out.append(Method(policy_name(policy, ngram), drafter=drafter, policy=policy, ngram=ngram))
     return out
 
 
@@ -233,8 +233,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-lookup", type=int, default=7, help="prompt_lookup_num_tokens (0 = skip)")
     p.add_argument("--policies", default="all,scheduler",
                    help="DSpark verify policies to run, comma separated: all, scheduler, an int k (static length), "
-                        "threshold:T (static confidence threshold); a '+lookup' suffix (scheduler+lookup) adds "
-                        "n-gram drafts (drafter.prompt_lookup)")
+                        "threshold:T (static confidence threshold); a '+ngram' suffix (scheduler+ngram) adds "
+                        "n-gram drafts (drafter.ngram_drafts)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="out/bench", help="folder for results.json, results.md, plot.png")

@@ -111,18 +111,24 @@ def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 2
 
 # ---- collecting rounds ---------------------------------------------------------------------------------
 def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int, temperature: float, seed: int = 0):
-    """Fixed-length speculative decoding (full γ verified every round) → all rounds of all prompts."""
+    """Fixed-length speculative decoding (full γ verified every round, drafter rounds only: the drafter's own
+    verify_policy and ngram_drafts are set aside meanwhile) → all rounds of all prompts."""
     import torch
     from tqdm.auto import tqdm
 
     rounds = []
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False}
-    for p in tqdm(prompts, desc="calibration prompts"):
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt",
-                                      return_dict=True)
-        model.generate(**ids.to(model.device), assistant_model=drafter, max_new_tokens=max_new_tokens, **sampling)
-        rounds.extend(drafter.last_stats.rounds)
+    options = drafter.verify_policy, drafter.ngram_drafts
+    drafter.verify_policy, drafter.ngram_drafts = "all", False
+    try:
+        for p in tqdm(prompts, desc="calibration prompts"):
+            ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)
+            model.generate(**ids.to(model.device), assistant_model=drafter, max_new_tokens=max_new_tokens, **sampling)
+            rounds.extend(drafter.last_stats.rounds)
+    finally:
+        drafter.verify_policy, drafter.ngram_drafts = options
     return rounds
 
 

@@ -26,7 +26,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .drafter import DSparkDrafter
-from .lookup import NgramIndex
+from .ngram import NgramIndex
 try:  # kernels/dspark_kernels: the fused Triton draft on CUDA; it runs heads.sequential_draft otherwise
     from dspark_kernels.dispatch import sequential_draft
 except ModuleNotFoundError as e:  # an install without kernels/ (see docs/kernels.md)
@@ -260,7 +260,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
         self.verify_policy = VerifyPolicy.for_drafter(drafter, target)  # drafter.verify_policy, resolved once
-        self.ngrams = NgramIndex() if getattr(drafter, "prompt_lookup", False) else None
+        self.ngrams = NgramIndex() if getattr(drafter, "ngram_drafts", False) else None
         drafter.last_stats = self.stats
 
     @torch.no_grad()
@@ -276,12 +276,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._collect(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
         room = self.max_length - cur_len - 1  # drafts that could still be committed
-        if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (lookup.py)
+        if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (ngram.py)
             self.ngrams.extend(input_ids[0, len(self.ngrams.seq):].tolist())
-            drafts = self.ngrams.draft(min(self.verify_policy.max_lookup, room))
+            drafts = self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room))
             if drafts:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
                 candidate = torch.cat([input_ids, input_ids.new_tensor([drafts])], dim=-1)
-                return self._send(input_ids, candidate, None, drafts, [], "lookup", t0)
+                return self._send(input_ids, candidate, None, drafts, [], "ngram", t0)
         n = min(self.block_size, room, self.verify_policy.max_drafts)  # and that the policy could ever verify
         if n <= 0 or not self.verify_policy.should_draft():  # a plain target step this round
             return self._send(input_ids, input_ids, None, [], [], "dspark", t0)
@@ -365,7 +365,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         accepted = 0  # drafts kept = common prefix of drafts and committed tokens (a stop may drop the bonus)
         while accepted < min(p["verified"], len(new_tokens)) and new_tokens[accepted] == p["tokens"][accepted]:
             accepted += 1
-        if p["source"] == "dspark":  # the draft gate judges the drafter; lookup rounds neither pay nor age it
+        if p["source"] == "dspark":  # the draft gate judges the drafter; n-gram rounds neither pay nor age it
             self.verify_policy.record(p["drafted"], p["verified"], accepted)
         probs = self.observer.target_probs
         self.stats.new_tokens = input_ids.shape[1] - self.stats.prompt_tokens

@@ -54,7 +54,7 @@ def cmd_generate(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, drafter, what = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
-    drafter.verify_policy, drafter.prompt_lookup = _policy(args.verify), args.prompt_lookup
+    drafter.verify_policy, drafter.ngram_drafts = _policy(args.verify), args.ngram_drafts
     messages = [{"role": "user", "content": args.prompt}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) if tok.chat_template else args.prompt
     inputs = tok(text, return_tensors="pt").to(model.device)
@@ -79,10 +79,10 @@ def cmd_generate(args) -> int:
     print(f"plain generate : {n_plain:4d} tokens in {t_plain:6.2f} s = {n_plain / t_plain:6.1f} tok/s")
     print(f"DSpark         : {n_spec:4d} tokens in {t_spec:6.2f} s = {n_spec / t_spec:6.1f} tok/s "
           f"({(n_spec / t_spec) / (n_plain / t_plain):.2f}x)")
-    print(f"verify policy: {args.verify}{' + n-gram lookup' if args.prompt_lookup else ''}; "
+    print(f"verify policy: {args.verify}{' + n-gram drafts' if args.ngram_drafts else ''}; "
           f"verified drafts per round: {st.verify_lengths}")
     print(f"τ (accepted per round, incl. bonus) = {st.tau:.2f} over {len(st.rounds)} rounds "
-          f"({st.drafted_rounds} drafted, {st.lookup_rounds} of them by n-gram lookup); "
+          f"({st.drafted_rounds} drafted, {st.ngram_rounds} of them n-gram drafts); "
           f"conditional acceptance by position = {[round(x, 2) for x in st.conditional_acceptance]}")
     if args.do_sample:
         print("sampling: outputs are draws from the same distribution, not expected to be identical")
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     g.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     g.add_argument("--verify", default="scheduler",
                    help="drafts verified per round: scheduler (profiled on first use), all, an int k, threshold:T")
-    g.add_argument("--prompt-lookup", action="store_true",
+    g.add_argument("--ngram-drafts", action="store_true",
                    help="take free n-gram drafts from the context when its last 2-4 tokens occurred before (lossless)")
     g.set_defaults(func=cmd_generate)
 

@@ -9,7 +9,7 @@ target's own token at position a+1 (a correction if a draft was rejected there, 
     target     new_tokens[a:]             bonus / correction token from the target's own distribution
 
 Discarded drafts (rejected, trimmed) are shown struck through right before the target token that took
-their place. Drafts past the user's block-size cap are not shown: they were never candidates.
+their place. Drafts copied from the context (drafter.ngram_drafts) are underlined with dots. Drafts past the user's block-size cap are not shown: they were never candidates.
 Every piece of text that reaches HTML goes through `esc`, model output included.
 """
 
@@ -29,6 +29,7 @@ LEGEND = {
     "trimmed": "trimmed by the scheduler (never verified)",
     "target": "bonus / correction token from the target",
 }
+NGRAM_LEGEND = "n-gram draft (copied from the context)"
 
 
 def esc(text) -> str:
@@ -45,6 +46,7 @@ class TokenFate:
     confidence: float | None = None  # predicted survival c_k of a draft
     target_prob: float | None = None  # target probability of a verified draft
     detail: str = ""  # "bonus", "correction", "prefill" for target tokens
+    source: str = "dspark"  # who drafted it: "dspark" (the drafter) or "ngram" (copied from the context)
 
     @property
     def committed(self) -> bool:
@@ -59,11 +61,12 @@ def classify_round(r: Round, index: int, block: int | None = None) -> list[Token
     """The fates of round `index` (1-based), in display order: accepted, discarded drafts, target token(s)."""
     a, n = r.accepted, len(r.tokens)
     shown = n if block is None else min(n, max(block, r.verified))
-    out = [TokenFate(t, "accepted", index, k + 1, _at(r.confidence, k), _at(r.target_probs, k))
+    out = [TokenFate(t, "accepted", index, k + 1, _at(r.confidence, k), _at(r.target_probs, k), source=r.source)
            for k, t in enumerate(r.new_tokens[:a])]
     for k in range(a, shown):
         fate = "rejected" if k < r.verified else "trimmed"
-        out.append(TokenFate(r.tokens[k], fate, index, k + 1, _at(r.confidence, k), _at(r.target_probs, k)))
+        out.append(TokenFate(r.tokens[k], fate, index, k + 1, _at(r.confidence, k), _at(r.target_probs, k),
+                             source=r.source))
     detail = "correction" if a < r.verified else "bonus"
     out += [TokenFate(t, "target", index, a + 1 + j, detail=detail) for j, t in enumerate(r.new_tokens[a:])]
     return out
@@ -86,9 +89,11 @@ def hover_text(f: TokenFate) -> str:
     if f.fate == "target":
         where = "prefill" if f.round == 0 else f"round {f.round}, position {f.position}"
         return f"{where}: {f.detail} token from the target"
-    c = "n/a" if f.confidence is None else f"{f.confidence:.2f}"
     p = "" if f.target_prob is None else f", target p={f.target_prob:.2f}"
     outcome = {"accepted": "accepted", "rejected": "rejected", "trimmed": "trimmed (not verified)"}[f.fate]
+    if f.source == "ngram":
+        return f"round {f.round}, n-gram draft position {f.position} (copied from the context) → {outcome}{p}"
+    c = "n/a" if f.confidence is None else f"{f.confidence:.2f}"
     return f"round {f.round}, draft position {f.position}: predicted survival c={c} → {outcome}{p}"
 
 
@@ -103,7 +108,8 @@ def render_token(f: TokenFate, text: str) -> str:
     if f.fate in ("rejected", "trimmed"):
         body = f"<s>{body}</s>"
     data = f' data-round="{f.round}" data-pos="{f.position}"'
-    return f'<span class="tok tok-{f.fate}" title="{esc(hover_text(f))}"{data}>{body}</span>'
+    ngram = " tok-ngram" if f.source == "ngram" and f.fate != "target" else ""
+    return f'<span class="tok tok-{f.fate}{ngram}" title="{esc(hover_text(f))}"{data}>{body}</span>'
 
 
 def render_tokens(fates: Sequence[TokenFate], decode: Callable[[int], str]) -> str:
@@ -112,6 +118,7 @@ def render_tokens(fates: Sequence[TokenFate], decode: Callable[[int], str]) -> s
 
 def legend_html() -> str:
     chips = "".join(f'<span class="tok tok-{k}">{esc(v)}</span> ' for k, v in LEGEND.items())
+    chips += f'<span class="tok tok-accepted tok-ngram">{esc(NGRAM_LEGEND)}</span>'
     return f'<div class="legend">{chips}</div>'
 
 
@@ -187,6 +194,8 @@ def stats_html(stats: DSparkStats | None, n_tokens: int, elapsed: float, block: 
     rows = [("τ (tokens per round, incl. bonus)", f"{stats.tau:.2f}"), ("tokens/s", f"{tps:.1f}"),
             ("rounds", str(len(rounds))), ("new tokens", str(n_tokens)),
             ("mean verified ℓ", f"{mean_l:.2f} of {block}"), ("verify policy", policy)]
+    if stats.ngram_rounds:
+        rows.insert(3, ("n-gram rounds (drafts copied from the context)", str(stats.ngram_rounds)))
     table = "".join(f'<tr><td>{esc(k)}</td><td class="num" data-key="{esc(k.split(" ")[0])}">{esc(v)}</td></tr>'
                     for k, v in rows)
     return (f'<div class="dspark-stats"><table>{table}</table>'
@@ -211,6 +220,7 @@ CSS = """
 .tok-target { background: #bcd7ff; color: #0b2c66; }
 .tok-rejected { background: #ffc9c9; color: #8a1010; font-size: 0.85em; }
 .tok-trimmed { background: #eeeeee; color: #888888; font-size: 0.85em; font-style: italic; }
+.tok-ngram { text-decoration: underline dotted; text-underline-offset: 3px; }
 .legend .tok { margin-right: 8px; padding: 2px 6px; font-size: 13px; }
 .prompt { margin: 6px 0; color: #555; }
 .note { color: #a05a00; margin-top: 6px; }

@@ -27,6 +27,7 @@ class Request:
     block: int = 7  # drafts the verifier may see per round (≤ the drafter's γ)
     scheduler: bool = False
     head: str = "Markov"
+    ngram: bool = False  # drafter.ngram_drafts: copy drafts from the context where its last tokens repeat
 
 
 def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_TOKENS) -> Request:
@@ -112,8 +113,9 @@ class Progress:
 
 
 def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy="all", poll: float = 0.15,
-                    lock: threading.Lock | None = None) -> Iterator[Progress]:
-    """Run generate (with `drafter` as assistant under verify `policy`, or plain) in a thread; yield a Progress
+                    lock: threading.Lock | None = None, ngram: bool = False) -> Iterator[Progress]:
+    """Run generate (with `drafter` as assistant under verify `policy` and `ngram` drafts, or plain) in a thread;
+    yield a Progress
     every `poll` s and once at the end. `lock` serialises generations on one model: the drafter's policy and
     last_stats are per model. If the consumer goes away (a closed browser tab), the run is cancelled."""
     rec, cancel = Recorder(), _Cancel()
@@ -133,8 +135,8 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
 
     with lock or _NoLock():
         if drafter is not None:
-            previous = drafter.verify_policy if hasattr(drafter, "verify_policy") else "all"
-            drafter.verify_policy = policy
+            previous = drafter.verify_policy, drafter.ngram_drafts
+            drafter.verify_policy, drafter.ngram_drafts = policy, ngram
             drafter.last_stats = None  # so the poller can tell this run's stats from the previous one's
         thread = threading.Thread(target=work, daemon=True)
         t0 = time.perf_counter()
@@ -153,7 +155,7 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
             cancel.stop = True  # no-op after a normal end; stops an abandoned run at its next round
             thread.join()
             if drafter is not None:
-                drafter.verify_policy = previous
+                drafter.verify_policy, drafter.ngram_drafts = previous
 
 
 class _Cancel(StoppingCriteria):

@@ -156,10 +156,10 @@ class DSparkDrafter(PreTrainedModel):
         self.last_stats = None
         # Run-time options, HF-style on the assistant (see verify_policy.py): how many drafts to verify, the
         # DeviceProfile the scheduler uses (None = the cached one for this target/device, measured once), and
-        # whether rounds whose last tokens occurred before take free n-gram drafts instead (lookup.py).
+        # whether rounds whose last tokens occurred before take free n-gram drafts instead (ngram.py).
         self.verify_policy = "all"
         self.device_profile = None
-        self.prompt_lookup = False
+        self.ngram_drafts = False
         self.post_init()
 
     @property

@@ -5,7 +5,7 @@
 - acceptance_rate[k] (vLLM's per-position rate) = rounds whose k-th draft was accepted / rounds that drafted ≥ k.
 - conditional_acceptance[k] = P(draft k accepted | drafts 1..k-1 accepted and draft k verified).
 - drafted_rounds = rounds that drafted at all (the scheduler's draft gate makes plain steps, which count as
-  rounds of τ = 1); lookup_rounds = those whose drafts were n-gram lookups (drafter.prompt_lookup), not the
+  rounds of τ = 1); ngram_rounds = those whose drafts were n-grams from the context (drafter.ngram_drafts), not the
   drafter's. Per-position rates pool both kinds: they describe the method as run.
 """
 
@@ -30,7 +30,7 @@ class Round:
     target_probs: list[float] = field(default_factory=list)  # target probability of each verified draft token
     tokens: list[int] = field(default_factory=list)  # the drafted tokens
     new_tokens: list[int] = field(default_factory=list)  # what the round committed
-    source: str = "dspark"  # who drafted: "dspark" (the drafter; also rounds without drafts) or "lookup" (n-grams)
+    source: str = "dspark"  # who drafted: "dspark" (the drafter; also rounds without drafts) or "ngram" (n-grams)
 
 
 @dataclass
@@ -59,8 +59,8 @@ class DSparkStats:
         return sum(r.drafted > 0 for r in self.rounds)
 
     @property
-    def lookup_rounds(self) -> int:
-        return sum(r.source == "lookup" for r in self.rounds)
+    def ngram_rounds(self) -> int:
+        return sum(r.source == "ngram" for r in self.rounds)
 
     @property
     def acceptance_rate(self) -> list[float]:
@@ -103,7 +103,7 @@ class DSparkStats:
             "tau": self.tau,
             "rounds": len(self.rounds),
             "drafted_rounds": self.drafted_rounds,
-            "lookup_rounds": self.lookup_rounds,
+            "ngram_rounds": self.ngram_rounds,
             "new_tokens": self.new_tokens,
             "tokens_per_second": self.tokens_per_second,
             "acceptance_rate": self.acceptance_rate,
@@ -119,7 +119,7 @@ class DSparkStats:
         fmt = lambda xs: "[" + ", ".join(f"{x:.2f}" for x in xs) + "]"  # noqa: E731
         return (
             f"DSparkStats(τ={self.tau:.2f} over {len(self.rounds)} rounds ({self.drafted_rounds} drafted"
-            f"{f', {self.lookup_rounds} by lookup' if self.lookup_rounds else ''}), "
+            f"{f', {self.ngram_rounds} by n-grams' if self.ngram_rounds else ''}), "
             f"{self.new_tokens} new tokens, "
             f"{self.tokens_per_second:.1f} tok/s, draft {self.draft_time:.2f}s / verify {self.verify_time:.2f}s, "
             f"conditional acceptance {fmt(self.conditional_acceptance)}, verify lengths {self.verify_lengths})"

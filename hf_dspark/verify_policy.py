@@ -10,16 +10,17 @@ its signature:
                                                # which also skips drafting while drafts do not pay (DraftGate)
     drafter.device_profile = profile           # optional: the DeviceProfile to use (else the cached one for
                                                # this target/device, measured once on first use)
-    drafter.prompt_lookup = True               # optional, any policy: a round whose last 2-4 tokens occurred
-                                               # before verifies the tokens that followed them instead (lookup.py)
+    drafter.ngram_drafts = True                # optional, any policy: a round whose last 2-4 tokens occurred
+                                               # before verifies the tokens that followed them instead (ngram.py)
 
 A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and tests; it must honour the
 non-anticipation rule (docs/scheduler.md), which nothing here can check.
 Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ, and
 drafts no more tokens than the policy can ever verify (`max_drafts`): a static length k drafts k, the scheduler
 the bound `scheduler.max_verified` of its profile (2 of 7 on the 2-core CPU), past which it never verifies.
-N-gram drafts cost nothing to draft and carry no confidence, so a round takes all of them up to `max_lookup`:
-the static k, the scheduler's bound for free drafts (`max_verified` with no drafting cost), else γ.
+N-gram drafts cost nothing to draft and carry no confidence, so a round takes all of them up to `max_ngram_drafts`:
+the static k; under the scheduler `max_verified` at an n-gram round's overhead (the roll-back, no drafter), which
+is at most its bound for drafter rounds (a smaller fixed cost makes each longer forward relatively dearer); else γ.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class VerifyPolicy:
         self.profile = None
         self.needs_confidence = False
         self.max_drafts = drafter.config.block_size  # drafts worth computing per round
-        self.max_lookup = drafter.config.block_size  # n-gram drafts worth verifying per round
+        self.max_ngram_drafts = drafter.config.block_size  # n-gram drafts worth verifying per round
         self.gate: DraftGate | None = None
         if callable(spec):
             self._length: Callable = spec
@@ -50,7 +51,7 @@ class VerifyPolicy:
             self._length = lambda conf, n: n
         elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
             self._length = lambda conf, n: min(spec, n)
-            self.max_drafts = self.max_lookup = min(spec, self.max_drafts)
+            self.max_drafts = self.max_ngram_drafts = min(spec, self.max_drafts)
         elif isinstance(spec, tuple) and len(spec) == 2 and spec[0] == "threshold" and 0 <= float(spec[1]) <= 1:
             t = float(spec[1])
             self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
@@ -59,7 +60,9 @@ class VerifyPolicy:
             self._length, self.needs_confidence = (lambda conf, n: self.profile.verify_length(conf)), True
             overhead = self.profile.round_overhead
             self.max_drafts = min(max_verified(self.profile.verify_time, overhead), self.max_drafts)
-            self.max_lookup = min(max_verified(self.profile.verify_time, 0.0), self.max_lookup)
+            # an n-gram round pays no drafter, only the roll-back: the scheduler's reach at that overhead
+            self.max_ngram_drafts = min(max_verified(self.profile.verify_time, self.profile.rollback_time),
+                                        self.max_ngram_drafts)
             self.gate = DraftGate(self.profile.verify_time, overhead)
         else:
             raise ValueError(

@@ -142,7 +142,7 @@ def main():
         for b in ("torch", "auto" if cuda else "triton"):
             def run(gen=gen):
                 target.generate(prompt, max_new_tokens=a.new_tokens, assistant_model=dr, **gen)
-                return [r.draft_time for r in dr.last_stats.rounds if r.drafted]
+                return [r.draft_time for r in dr.last_stats.rounds if r.drafted and r.source == "dspark"]
             with_backend(b, run)  # warm-up (compilation)
             row["triton" if b != "torch" else b] = statistics.mean(with_backend(b, run)) * 1e3
         print(f"  {mode:8s} torch {row['torch']:.3f}  triton {row['triton']:.3f}  "

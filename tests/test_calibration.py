@@ -46,3 +46,24 @@ def test_rounds_to_arrays_inverts_temperatures_and_drops_after_stop(tmp_path):
     reliability_plot(zz, y, v, [1.0] * 3, temps, tmp_path / "rel.png")
     assert (tmp_path / "rel.png").stat().st_size > 1000
     assert cumulative(zz, temps).shape == (2, 3)
+
+
+def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, char_tokenizer):
+    """Calibration data are drafter rounds verified in full, whatever the drafter was set to (a static length,
+    n-gram drafts); the drafter's options are put back afterwards."""
+    import copy
+
+    import torch
+
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.calibration import collect_rounds
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(llama, block_size=4, target_layer_ids=[0, 2])
+    drafter.verify_policy, drafter.ngram_drafts = 1, True
+    rounds = collect_rounds(llama, tok, drafter, ["hello hello hello", "abc abc abc"], max_new_tokens=30, temperature=0)
+    assert rounds and all(r.source == "dspark" and r.verified == r.drafted for r in rounds)
+    assert max(r.drafted for r in rounds) == 4
+    assert (drafter.verify_policy, drafter.ngram_drafts) == (1, True)

@@ -57,11 +57,14 @@ def test_random_drafter_identity_without_oracle(llama):
     assert_identical(llama, drafter_for(llama), oracle=False, max_new_tokens=30)
 
 
-def test_eos_inside_a_draft():
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
+def test_eos_inside_a_draft(ngram):
     free = tiny_target().generate(PROMPT, do_sample=False, max_new_tokens=40)
     eos = int(free[0, PROMPT.shape[1] + 9])  # a token plain decoding emits 10 tokens in
     model = tiny_target(eos=eos)
-    out = assert_identical(model, drafter_for(model), max_new_tokens=40)
+    drafter = drafter_for(model)
+    drafter.ngram_drafts = ngram
+    out = assert_identical(model, drafter, max_new_tokens=40)
     assert out.shape[1] < free.shape[1] and out[0, -1] == eos
 
 
@@ -92,21 +95,25 @@ class StopAtLength(StoppingCriteria):
         return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
 
 
-def test_custom_stopping_criteria_stop_exactly(llama):
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
+def test_custom_stopping_criteria_stop_exactly(llama, ngram):
     free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
     token = int(free[0, PROMPT.shape[1] + 12])
+    drafter = drafter_for(llama)
+    drafter.ngram_drafts = ngram
     for crit in (StopAfterToken(token), StopAtLength(PROMPT.shape[1] + 10)):
-        out = assert_identical(llama, drafter_for(llama), max_new_tokens=40,
-                               stopping_criteria=StoppingCriteriaList([crit]))
+        out = assert_identical(llama, drafter, max_new_tokens=40, stopping_criteria=StoppingCriteriaList([crit]))
         assert out.shape[1] < free.shape[1]
 
 
-def test_stop_strings_stop_exactly(llama, char_tokenizer):
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
+def test_stop_strings_stop_exactly(llama, char_tokenizer, ngram):
     free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
     a, b = (int(t) for t in free[0, PROMPT.shape[1] + 14 : PROMPT.shape[1] + 16])
     stop = char_tokenizer.decode([a, b])
-    out = assert_identical(llama, drafter_for(llama), max_new_tokens=40, stop_strings=[stop],
-                           tokenizer=char_tokenizer)
+    drafter = drafter_for(llama)
+    drafter.ngram_drafts = ngram
+    out = assert_identical(llama, drafter, max_new_tokens=40, stop_strings=[stop], tokenizer=char_tokenizer)
     assert out.shape[1] < free.shape[1]
 
 
@@ -137,10 +144,13 @@ def test_streamer_yields_the_final_text(llama, char_tokenizer):
             assert out.shape[1] < free.shape[1]
 
 
-def test_drafter_context_matches_a_full_forward(llama):
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
+def test_drafter_context_matches_a_full_forward(llama, ngram):
     """The context K/V the drafter built round by round equals the one built from one forward over the
-    final sequence: the right rows were ingested, at the right positions, none twice."""
+    final sequence: the right rows were ingested, at the right positions, none twice (n-gram rounds, whose rows
+    wait for the next drafter round, included)."""
     drafter = drafter_for(llama)
+    drafter.ngram_drafts = ngram
     seen = {}
     real_init = DSparkCandidateGenerator.__init__
 
@@ -156,9 +166,11 @@ def test_drafter_context_matches_a_full_forward(llama):
     finally:
         DSparkCandidateGenerator.__init__ = real_init
     gen = seen["gen"]
+    assert (drafter.last_stats.ngram_rounds > 0) == ngram
     gen._fuse()  # rows collected in rounds that did not draft (here: the last, at the length limit)
     n = gen.ctx_len
-    assert n == out.shape[1] - 2  # everything but the last two tokens: the final round's states are never requested
+    # everything but the final round's tokens and its anchor: their states are never requested
+    assert n == out.shape[1] - 1 - drafter.last_stats.rounds[-1].committed
     with torch.no_grad():
         hs = llama(out[:, :n], output_hidden_states=True).hidden_states
         feats = torch.cat([hs[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
@@ -294,23 +306,30 @@ def test_drafts_only_what_the_policy_can_verify(llama, policy, drafts, monkeypat
 
 
 @pytest.mark.parametrize("policy, cap", [("all", BLOCK), (2, 2), (0, 0)])
-def test_prompt_lookup_greedy_identity(llama, policy, cap):
-    """drafter.prompt_lookup: rounds whose last tokens occurred before verify the tokens that followed them (the
-    latest earlier occurrence, tests/test_lookup.py), at most the policy's cap, and the output stays identical."""
-    from tests.test_lookup import brute_force
+def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
+    """drafter.ngram_drafts: every round whose last 2-4 tokens occurred before verifies exactly the tokens that
+    followed their latest earlier occurrence (tests/test_ngram.py's brute force), up to the policy's cap and the
+    length limit, and only the other rounds consult the draft gate; the output stays identical."""
+    from hf_dspark.verify_policy import VerifyPolicy
+    from tests.test_ngram import brute_force
 
+    recorded = []
+    real_record = VerifyPolicy.record
+    monkeypatch.setattr(VerifyPolicy, "record", lambda self, *a: (recorded.append(a), real_record(self, *a))[1])
     drafter = drafter_for(llama)
-    drafter.verify_policy, drafter.prompt_lookup = policy, True
-    plain = assert_identical(llama, drafter, oracle=False, max_new_tokens=60)
+    drafter.verify_policy, drafter.ngram_drafts = policy, True
+    max_new = 60
+    plain = assert_identical(llama, drafter, oracle=False, max_new_tokens=max_new)
     st = drafter.last_stats
     seq = plain[0, : PROMPT.shape[1] + 1].tolist()  # the prompt and the prefill's token
-    lookups = 0
     for r in st.rounds:
-        if r.source == "lookup":
-            lookups += 1
-            assert 0 < r.verified == r.drafted <= cap and r.confidence == []
-            assert r.tokens == brute_force(seq, 99)[: r.drafted]
+        room = PROMPT.shape[1] + max_new - len(seq) - 1
+        expected = brute_force(seq, min(cap, room))
+        assert (r.source == "ngram") == bool(expected), (r, expected)
+        if expected:
+            assert r.tokens == expected and r.verified == r.drafted == len(expected) and r.confidence == []
         seq += r.new_tokens
     assert seq == plain[0].tolist()
-    assert (lookups > 0) == (cap > 0) and st.lookup_rounds == lookups
-    assert (sum(r.accepted for r in st.rounds if r.source == "lookup") > 0) == (cap > 0)  # and some are kept
+    assert len(recorded) == sum(r.source == "dspark" for r in st.rounds)
+    assert (st.ngram_rounds > 0) == (cap > 0)
+    assert (sum(r.accepted for r in st.rounds if r.source == "ngram") > 0) == (cap > 0)  # and some are kept

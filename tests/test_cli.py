@@ -23,15 +23,15 @@ def folders(tmp_path, char_tokenizer):
     return tmp_path / "target", tmp_path / "drafter"
 
 
-@pytest.mark.parametrize("verify, lookup", [("scheduler", False), ("all", False), ("2", False),
+@pytest.mark.parametrize("verify, ngram", [("scheduler", False), ("all", False), ("2", False),
                                             ("threshold:0.5", False), ("scheduler", True)])
-def test_generate_prints_speeds_rounds_and_identity(folders, capsys, verify, lookup):
+def test_generate_prints_speeds_rounds_and_identity(folders, capsys, verify, ngram):
     target, drafter = folders
     argv = ["generate", "hello there hello there", "--target", str(target), "--drafter", str(drafter),
             "--max-new-tokens", "12", "--device", "cpu", "--threads", "1", "--verify", verify]
-    assert cli.main(argv + ["--prompt-lookup"] * lookup) == 0
+    assert cli.main(argv + ["--ngram-drafts"] * ngram) == 0
     out = capsys.readouterr().out
     assert "plain generate :" in out and "DSpark         :" in out and "tok/s" in out
-    assert f"verify policy: {verify}{' + n-gram lookup' if lookup else ''};" in out and " drafted, " in out
-    assert (" 0 of them by n-gram lookup" in out) != lookup
+    assert f"verify policy: {verify}{' + n-gram drafts' if ngram else ''};" in out and " drafted, " in out
+    assert (" 0 of them n-gram drafts" in out) != ngram
     assert "greedy output identical to plain generate: True" in out

@@ -148,6 +148,27 @@ def test_stream_generate_on_a_tiny_target_matches_plain_generate():
     assert all(r.verified <= 3 for r in p.rounds)
     *_, plain = stream_generate(t, {"input_ids": ids}, gen)
     assert torch.equal(plain.output, ref)
+    # n-gram drafts on for this run only: the same tokens, and the drafter's option is put back
+    *_, p = stream_generate(t, {"input_ids": torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]])}, gen, drafter=d, policy="all",
+                            poll=0.01, ngram=True)
+    assert p.done and p.error is None and d.ngram_drafts is False
+    ref = t.generate(torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]]), **gen)
+    assert demo.committed_ids(demo.classify(p.recorder.first_ids, p.rounds)) == ref[0, 8:].tolist()
+    assert any(r.source == "ngram" for r in p.rounds)
+
+
+def test_ngram_drafts_are_marked_and_explained():
+    r = Round(drafted=3, verified=3, accepted=1, committed=2, draft_time=0, verify_time=0, tokens=[5, 6, 7],
+              new_tokens=[5, 9], source="ngram")
+    f = demo.classify([], [r])
+    assert [(x.fate, x.source) for x in f[:3]] == [("accepted", "ngram"), ("rejected", "ngram"), ("rejected", "ngram")]
+    assert f[3].fate == "target"
+    assert "n-gram draft position 2 (copied from the context) → rejected" in demo.hover_text(f[1])
+    html = demo.render_tokens(f, {5: "a", 6: "b", 7: "c", 9: "d"}.get)
+    assert html.count("tok-ngram") == 3  # the drafts, not the target's token
+    assert "tok-ngram" not in demo.render_tokens(demo.classify([], [Round(**{**vars(r), "source": "dspark"})]),
+                                                 {5: "a", 6: "b", 7: "c", 9: "d"}.get)
+    assert demo.NGRAM_LEGEND in demo.legend_html()
 
 
 def test_recorder_skips_the_prompt():

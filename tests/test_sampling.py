@@ -1,7 +1,7 @@
 """Sampling exactness: DSpark's sampled output follows the target's distribution (not just "runs").
 
 The negative control samples drafts from the Markov-corrected q but reports q without the Markov bias to
-the verifier; the same test must reject it, which shows the test can fail. N-gram drafts (drafter.prompt_lookup)
+the verifier; the same test must reject it, which shows the test can fail. N-gram drafts (drafter.ngram_drafts)
 get the same test, with 1-gram matches allowed so that about a third of the rounds take them here, and
 their own negative control (lookup drafts reported as if drawn from a uniform q).
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter, candidate
-from hf_dspark.lookup import NgramIndex
+from hf_dspark.ngram import NgramIndex
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 
@@ -41,31 +41,31 @@ CASES = {
     "topp0.8-rnn": (dict(head="rnn"), dict(top_p=0.8)),
     "repetition-penalty-none-head": (dict(head="none", block=4), dict(repetition_penalty=1.5)),
     "pruned-draft-vocab-topk5": (dict(head="markov", draft_vocab=[0, 2, 3, 5, 6]), dict(top_k=5)),
-    "prompt-lookup-1gram": (dict(head="markov", lookup=1), dict()),
-    "prompt-lookup-1gram-temperature0.7-topk4": (dict(head="rnn", lookup=1), dict(temperature=0.7, top_k=4)),
-    "prompt-lookup-shipped-ngrams": (dict(head="markov", lookup=2), dict()),
+    "ngram-drafts-1gram": (dict(head="markov", ngram=1), dict()),
+    "ngram-drafts-1gram-temperature0.7-topk4": (dict(head="rnn", ngram=1), dict(temperature=0.7, top_k=4)),
+    "ngram-drafts-shipped-sizes": (dict(head="markov", ngram=2), dict()),
 }
 
 
 @contextlib.contextmanager
-def prompt_lookup(drafter, min_ngram):
-    """drafter.prompt_lookup on, with n-grams down to `min_ngram` tokens (the shipped index starts at 2)."""
+def ngram_drafts(drafter, min_ngram):
+    """drafter.ngram_drafts on, with n-grams down to `min_ngram` tokens (the shipped index starts at 2)."""
     real = candidate.NgramIndex
     candidate.NgramIndex = functools.partial(NgramIndex, min_ngram=min_ngram)
-    drafter.prompt_lookup = True
+    drafter.ngram_drafts = True
     try:
         yield
     finally:
         candidate.NgramIndex = real
 
 
-def lookup_share(model, drafter, calls=30, **gen) -> float:
+def ngram_share(model, drafter, calls=30, **gen) -> float:
     """Share of rounds with drafts that took n-gram drafts, over `calls` sampled generations."""
     torch.manual_seed(0)
     lookup = drafted = 0
     for _ in range(calls):
         model.generate(PROMPT, do_sample=True, max_new_tokens=STEPS, assistant_model=drafter, **gen)
-        lookup += drafter.last_stats.lookup_rounds
+        lookup += drafter.last_stats.ngram_rounds
         drafted += drafter.last_stats.drafted_rounds
     return lookup / drafted
 
@@ -73,12 +73,12 @@ def lookup_share(model, drafter, calls=30, **gen) -> float:
 @pytest.mark.parametrize("name", list(CASES))
 def test_sampling_matches_target_distribution(name):
     setup_kw, gen = dict(CASES[name][0]), CASES[name][1]
-    min_ngram = setup_kw.pop("lookup", None)
+    min_ngram = setup_kw.pop("ngram", None)
     model, drafter = setup(**setup_kw)
     exact = exact_distribution(model, PROMPT, STEPS, processors(**gen))
-    with prompt_lookup(drafter, min_ngram) if min_ngram else contextlib.nullcontext():
+    with ngram_drafts(drafter, min_ngram) if min_ngram else contextlib.nullcontext():
         samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123, **gen)
-        share = lookup_share(model, drafter, **gen) if min_ngram else 0.0
+        share = ngram_share(model, drafter, **gen) if min_ngram else 0.0
     assert drafter.last_stats.rounds, "DSpark rounds must have run"
     if min_ngram == 1:  # the n-gram path carries a good share of the test (~1/3 of drafted rounds), not a stray round
         assert share > 0.25, share
@@ -115,13 +115,13 @@ def test_negative_control_wrong_q_is_rejected():
 
 
 @contextlib.contextmanager
-def lookup_drafts_claim_uniform_q():
+def ngram_drafts_claim_uniform_q():
     """A deliberately wrong verifier input: n-gram drafts (a point mass) reported as drawn from a uniform q, so
     rejection sampling accepts them with min(1, V·p) instead of p."""
     real = candidate.DSparkCandidateGenerator._send
 
     def wrong(self, input_ids, cand, logits, drafts, conf, source, t0):
-        if source == "lookup" and self.do_sample:
+        if source == "ngram" and self.do_sample:
             logits = torch.zeros(1, len(drafts), V)
         return real(self, input_ids, cand, logits, drafts, conf, source, t0)
 
@@ -132,13 +132,13 @@ def lookup_drafts_claim_uniform_q():
         candidate.DSparkCandidateGenerator._send = real
 
 
-def test_negative_control_lookup_with_a_wrong_q_is_rejected():
+def test_negative_control_ngram_drafts_with_a_wrong_q_is_rejected():
     model, drafter = setup()
     exact = exact_distribution(model, PROMPT, STEPS, processors())
-    with prompt_lookup(drafter, 1), lookup_drafts_claim_uniform_q():
+    with ngram_drafts(drafter, 1), ngram_drafts_claim_uniform_q():
         samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
     p = fit_pvalue(samples, exact)
-    assert p < ALPHA, f"the goodness-of-fit test failed to reject lookup drafts verified against a wrong q (p={p:.2e})"
+    assert p < ALPHA, f"the goodness-of-fit test failed to reject n-gram drafts verified against a wrong q (p={p:.2e})"
 
 
 def test_plain_sampling_passes_the_same_test():

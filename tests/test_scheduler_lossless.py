@@ -56,17 +56,17 @@ def test_sampling_exact_with_scheduler():
     assert undrafted > calls, undrafted
 
 
-def test_sampling_exact_with_scheduler_and_lookup():
+def test_sampling_exact_with_scheduler_and_ngrams():
     """The scheduler, its DraftGate and n-gram drafts (1-grams allowed, so they are frequent) in one run."""
-    from tests.test_sampling import lookup_share, prompt_lookup
+    from tests.test_sampling import ngram_drafts, ngram_share
 
     model, drafter = scheduled_setup("scheduler")
     exact = exact_distribution(model, PROMPT, STEPS, processors())
-    with prompt_lookup(drafter, 1):
+    with ngram_drafts(drafter, 1):
         samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
-        assert lookup_share(model, drafter) > 0.25
+        assert ngram_share(model, drafter) > 0.25
     p = fit_pvalue(samples, exact)
-    assert p >= ALPHA, f"scheduler + lookup: samples deviate from the target's law (p={p:.2e})"
+    assert p >= ALPHA, f"scheduler + n-grams: samples deviate from the target's law (p={p:.2e})"
 
 
 def test_sampling_exact_with_capped_drafts():
@@ -121,15 +121,15 @@ def test_lookahead_negative_control(name, policy, curve, lossless):
         assert p < ALPHA, f"the goodness-of-fit test failed to reject the look-ahead scheduler (p={p:.2e})"
 
 
-@pytest.mark.parametrize("lookup", [False, True], ids=["drafter", "with-lookup"])
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
 @pytest.mark.parametrize("policy", ["scheduler", 0, 1, ("threshold", 0.5)])
-def test_greedy_identity_with_verify_policies(policy, lookup):
+def test_greedy_identity_with_verify_policies(policy, ngram):
     model = tiny_target()
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
     spread_confidence(drafter)
     drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
-    drafter.verify_policy, drafter.prompt_lookup = policy, lookup
+    drafter.verify_policy, drafter.ngram_drafts = policy, ngram
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     spec = model.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter)
@@ -142,12 +142,12 @@ def test_greedy_identity_with_verify_policies(policy, lookup):
     cap = {"scheduler": max_verified(drafter.device_profile.verify_time), 0: 0, 1: 1}.get(policy, 4)
     assert max(r.drafted for r in st.rounds if r.source == "dspark") == cap
     # n-gram drafts: all of them up to the static k, the scheduler's bound for free drafts, else γ
-    lookups = [r.drafted for r in st.rounds if r.source == "lookup"]
-    assert bool(lookups) == (lookup and policy != 0)
+    lookups = [r.drafted for r in st.rounds if r.source == "ngram"]
+    assert bool(lookups) == (ngram and policy != 0)
     assert max(lookups, default=0) <= {"scheduler": max_verified(drafter.device_profile.verify_time, 0.0)}.get(policy, cap)
 
 
-def test_draft_gate_skips_an_expensive_drafter_greedy_identical():
+def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     """A drafter that costs 5 target steps: the scheduler's gate must fall back to plain steps (probing now and
     then), and the output stays identical to plain greedy decoding."""
     model = tiny_target()
@@ -165,12 +165,18 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical():
     assert drafted[0] and 2 <= sum(drafted) <= 8, drafted  # the first round, then probes 1, 2, 4, 8, 16 apart
     assert drafter.last_stats.drafted_rounds == sum(drafted) and "drafted)" in str(drafter.last_stats)
 
-    # n-gram rounds neither pay for the drafter nor age the gate's history: it still probes rarely
-    drafter.prompt_lookup = True
+    # n-gram rounds neither pay for the drafter nor age the gate's history: only drafter rounds reach it
+    from hf_dspark.scheduler import DraftGate
+
+    calls = []
+    real_record = DraftGate.record
+    monkeypatch.setattr(DraftGate, "record", lambda self, *a: (calls.append(a), real_record(self, *a))[1])
+    drafter.ngram_drafts = True
     spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
     assert spec.tolist() == plain.tolist()
     st = drafter.last_stats
-    assert st.lookup_rounds > 0 and 1 <= sum(r.drafted > 0 and r.source == "dspark" for r in st.rounds) <= 8
+    assert st.ngram_rounds > 0 and len(calls) == sum(r.source == "dspark" for r in st.rounds)
+    assert 1 <= sum(r.drafted > 0 and r.source == "dspark" for r in st.rounds) <= 8
 
 
 def test_profile_of_another_setup_is_refused():
@@ -182,6 +188,22 @@ def test_profile_of_another_setup_is_refused():
     drafter.device_profile, drafter.verify_policy = prof, "scheduler"
     with pytest.raises(ProfileMismatchError):
         model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
+
+
+def test_ngram_drafts_cap_is_the_reach_at_their_own_overhead():
+    """Under the scheduler a drafter round pays draft + roll-back, an n-gram round only the roll-back: each is
+    capped at scheduler.max_verified for its own overhead. A linear curve shows the difference: with a 5-step
+    drafter 4 drafts can pay, with no fixed cost no draft ever can (1 + a tokens for 2 steps)."""
+    from hf_dspark.verify_policy import VerifyPolicy
+
+    model, drafter = setup(block=4)
+    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 2.0, 3.0, 4.0, 5.0])
+    drafter.device_profile.draft_time = 5.0
+    policy = VerifyPolicy("scheduler", drafter, model)
+    assert (policy.max_drafts, policy.max_ngram_drafts) == (4, 0)
+    drafter.device_profile.rollback_time = 5.0
+    assert VerifyPolicy("scheduler", drafter, model).max_ngram_drafts == 4
+    assert VerifyPolicy(2, drafter, model).max_ngram_drafts == 2 and VerifyPolicy("all", drafter, model).max_ngram_drafts == 4
 
 
 def test_bad_policy_is_an_error():

@@ -1,10 +1,11 @@
-"""hf_dspark/lookup.py: the n-gram index against a brute-force search, grown in random chunks."""
+"""hf_dspark/ngram.py: the n-gram index against a brute-force search, grown in random chunks (a prompt, then
+rounds of 1-8 tokens)."""
 
 import random
 
 import pytest
 
-from hf_dspark.lookup import NgramIndex
+from hf_dspark.ngram import NgramIndex
 
 
 def brute_force(seq, num, min_ngram=2, max_ngram=4):
@@ -22,8 +23,9 @@ def test_matches_brute_force_as_the_sequence_grows(vocab):
     rng = random.Random(vocab)
     for _ in range(20):
         idx, seq = NgramIndex(), []
-        while len(seq) < 120:
-            chunk = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]  # a round commits 1..8 tokens
+        while len(seq) < 160:
+            size = rng.randint(1, 60) if not seq else rng.randint(1, 8)  # the prompt, then 1..8 tokens a round
+            chunk = [rng.randrange(vocab) for _ in range(size)]
             seq += chunk
             idx.extend(chunk)
             num = rng.randint(0, 9)
