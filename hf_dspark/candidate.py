@@ -298,12 +298,14 @@ class DSparkCandidateGenerator(CandidateGenerator):
             input_ids, self.draft_processor, self.do_sample,
             vocab=self.vocab, w2=self.w2_rows, vocab_size=dr.config.vocab_size,
         )
-        length = self.verify_policy.length(block.conf_logits)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
+        # calibrated c_k [n], one host sync for the policy and the stats
+        conf = dr.confidence_probs(block.conf_logits).cpu() if dr.confidence is not None else None
+        length = self.verify_policy.length(conf, n)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
         # transformers verifies on input_ids' device (device_map targets: may differ from the drafter's)
         logits = block.logits[:length].unsqueeze(0).to(input_ids.device) if (self.do_sample and length) else None
-        conf = self.drafter.confidence_probs(block.conf_logits).tolist() if self.drafter.confidence is not None else []
-        return self._send(input_ids, candidate, logits, block.tokens.tolist(), conf, "dspark", t0)
+        return self._send(input_ids, candidate, logits, block.tokens.tolist(), [] if conf is None else conf.tolist(),
+                          "dspark", t0)
 
     def _send(self, input_ids, candidate, logits, drafts: list[int], conf: list[float], source: str, t0):
         cur_len = input_ids.shape[1]

@@ -86,16 +86,12 @@ class VerifyPolicy:
         if self.gate is not None:
             self.gate.record(drafted > 0, verified, accepted)
 
-    def length(self, conf_logits: torch.Tensor) -> int:
-        """Raw confidence logits [n] of the drafted positions → ℓ in 0..n. Calibrated c_k = σ(z_k / T_k); c_k was
+    def length(self, conf: torch.Tensor | None, n: int) -> int:
+        """Calibrated c_k [n] of the n drafted positions (None without a confidence head) → ℓ in 0..n. c_k was
         computed before x_k was sampled, and the scheduler's early stop keeps x_k's admission from depending on
         anything later."""
-        n = int(conf_logits.shape[0])
-        conf = self.drafter.confidence_probs(conf_logits).cpu() if self.needs_confidence else None
-        if callable(self.spec):
-            length = int(self.spec(conf))
-        else:
-            length = int(self._length(conf, n))
+        conf = conf if self.needs_confidence else None
+        length = int(self.spec(conf)) if callable(self.spec) else int(self._length(conf, n))
         if not 0 <= length <= n:
             raise ValueError(f"verify policy {self.spec!r} returned {length} for {n} drafts")
         return length
