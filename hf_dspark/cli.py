@@ -14,19 +14,24 @@ def _dtype(name: str) -> torch.dtype:
             "float16": torch.float16, "fp16": torch.float16}[name]
 
 
-def load_target_and_drafter(target: str | None, drafter: str | None, dtype: torch.dtype, device: str):
-    """(model, tokenizer, drafter, drafter_description) for a target id/folder (None = embedded SmolLM2)."""
+def load_target(target: str | None, dtype: torch.dtype, device: str):
+    """(model, tokenizer) for a target id/folder (None = embedded SmolLM2), DSpark-enabled, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from . import models
     from .candidate import enable
-    from .drafter import DSparkDrafter
 
     if target is None:
-        model, tok = models.load_default_target(dtype=dtype, device=device)
-    else:
-        model = enable(AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval())
-        tok = AutoTokenizer.from_pretrained(target)
+        return models.load_default_target(dtype=dtype, device=device)
+    return enable(AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()), AutoTokenizer.from_pretrained(target)
+
+
+def load_target_and_drafter(target: str | None, drafter: str | None, dtype: torch.dtype, device: str):
+    """(model, tokenizer, drafter, drafter_description) for a target id/folder (None = embedded SmolLM2)."""
+    from . import models
+    from .drafter import DSparkDrafter
+
+    model, tok = load_target(target, dtype, device)
     if drafter is not None:
         return model, tok, DSparkDrafter.from_pretrained(drafter, target=model), drafter
     shipped = getattr(models, "load_default_drafter", None)

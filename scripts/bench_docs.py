@@ -20,8 +20,9 @@ def compact(res: dict) -> dict:
     rows = []
     for r in res["rows"]:
         d = {k: r[k] for k in ("prompt", "dataset", "method", "seconds", "new_tokens")}
-        if "identical" in r:
-            d["identical"] = r["identical"]
+        for k in ("identical", "divergence"):
+            if k in r:
+                d[k] = r[k]
         if r["rounds"] is not None:
             d["rounds"] = len(r["rounds"])
             d["drafted_rounds"] = sum(1 for x in r["rounds"] if x["drafted"])
