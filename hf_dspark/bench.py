@@ -7,8 +7,8 @@ any mismatch is a failure, reported loudly (exit code 1).
 
 In bf16/fp16 a 1-token and an 8-token forward round differently, so greedy decoding can take the other side of a
 near-tie (transformers' own prompt lookup does too). There a mismatch is judged by a *referee*, the target loaded
-in float32: at the first differing position, plain's token and the method's must be the referee's top two, within
-`tie_tolerance` logits of each other. Anything else is a failure, as in float32.
+in float32 (referee.py): from the first difference on, every token must be within `tie_tolerance` logits of the
+referee's best. Anything else is a failure, as in float32.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
+
+from .referee import TIE_TOLERANCE, judge_divergence
 
 
 @dataclass
@@ -62,45 +64,28 @@ def _environment(model) -> dict:
     }
 
 
-def judge_divergence(plain: torch.Tensor, other: torch.Tensor, prompt_len: int, referee=None,
-                     tolerance: float = 0.5) -> dict:
-    """Where a greedy output [1, len] first leaves plain's, and whether that is a near-tie.
-
-    → {"position": index among the new tokens, "plain_token", "token", and with a `referee` (the target in
-    float32) its "fp32_gap" = |logit(plain_token) - logit(token)| on the common prefix, "near_tie": both tokens
-    are the referee's top two and fp32_gap ≤ tolerance}. Without a referee nothing is a near-tie."""
-    a, b = plain[0].tolist(), other[0].tolist()
-    j = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
-    d = {"position": j - prompt_len, "plain_token": a[j] if j < len(a) else None, "token": b[j] if j < len(b) else None,
-         "near_tie": False}
-    if referee is None or d["plain_token"] is None or d["token"] is None:
-        return d  # no referee, or one output is a prefix of the other: a length difference is never a tie
-    with torch.no_grad():
-        logits = referee(torch.tensor([a[:j]], device=referee.device)).logits[0, -1].float()
-    gap = abs(float(logits[a[j]] - logits[b[j]]))
-    d["fp32_gap"] = gap
-    d["near_tie"] = set(logits.topk(2).indices.tolist()) == {a[j], b[j]} and gap <= tolerance
-    return d
+def encode_prompt(tok, text: str) -> torch.Tensor:
+    """A prompt as one user turn under the tokenizer's chat template (plain text without one) → ids [1, P]."""
+    msgs = [{"role": "user", "content": text}]
+    return (tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+            if getattr(tok, "chat_template", None) else tok(text, return_tensors="pt")["input_ids"])
 
 
 def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]], max_new_tokens: int = 256,
               do_sample: bool = False, temperature: float = 1.0, seed: int = 980406, warmup: int = 1,
-              check: Callable | None = None, referee=None, tie_tolerance: float = 0.5) -> dict:
+              check: Callable | None = None, referee=None, tie_tolerance: float = TIE_TOLERANCE) -> dict:
     """Run every method on every prompt (rotating order); return every number as a JSON-able dict.
 
     `check(method, prompt_index, output_ids)` may replace an output before the identity check (tests use it to
-    corrupt one and prove the check fires). `referee` (the target in float32; for bf16/fp16 targets) judges
-    greedy mismatches (`judge_divergence`); without one every mismatch is a failure."""
+    corrupt one and prove the check fires). `referee` (for bf16/fp16 targets: the target in float32, or a function
+    that loads it, called at the first mismatch) judges greedy mismatches (referee.judge_divergence); without one
+    every mismatch is a failure."""
+    judge = _Lazy(referee)
     base = methods[0].name
     gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
     if do_sample:
         gen["temperature"] = temperature
-    encoded = []
-    for _, text in prompts:
-        msgs = [{"role": "user", "content": text}]
-        ids = (tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-               if getattr(tok, "chat_template", None) else tok(text, return_tensors="pt")["input_ids"])
-        encoded.append(ids.to(model.device))
+    encoded = [encode_prompt(tok, text).to(model.device) for _, text in prompts]
 
     def one(m: Method, ids):
         kw = dict(gen, **m.extra)
@@ -129,7 +114,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
             outs[m.name] = out
             rows.append({
                 "prompt": i, "dataset": prompts[i][0], "method": m.name, "seconds": secs,
-                "new_tokens": out.shape[1] - ids.shape[1],
+                "new_tokens": out.shape[1] - ids.shape[1], "tokens": out[0, ids.shape[1]:].tolist(),
                 "rounds": [vars(r) for r in st.rounds] if st is not None else None,
             })
         if not do_sample:
@@ -137,12 +122,24 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
                 row = next(r for r in rows if r["prompt"] == i and r["method"] == name)
                 row["identical"] = out.tolist() == outs[base].tolist()
                 if not row["identical"]:
-                    row["divergence"] = judge_divergence(outs[base], out, ids.shape[1], referee, tie_tolerance)
+                    row["divergence"] = judge_divergence(outs[base], out, ids.shape[1], judge.get(), tie_tolerance)
     res = summarize(rows, methods, base, prompts, model, gen)
     if not do_sample:
         res["settings"]["identity"] = ({"referee": "float32", "tie_tolerance": tie_tolerance} if referee is not None
                                        else "token for token")
     return res
+
+
+class _Lazy:
+    """A model, or a function that loads one on first use (so a run without mismatches never loads it)."""
+
+    def __init__(self, model_or_loader):
+        self.value = model_or_loader
+
+    def get(self):
+        if callable(self.value) and not isinstance(self.value, torch.nn.Module):
+            self.value = self.value()
+        return self.value
 
 
 def _pooled_stats(rows: list[dict], block: int) -> dict:
@@ -180,6 +177,7 @@ def summarize(rows, methods, base, prompts, model, gen) -> dict:
             if "identical" in (sel[0] if sel else {}):
                 e["mismatches"] = [r["prompt"] for r in sel if not r["identical"]]
                 e["near_ties"] = [r["prompt"] for r in sel if not r["identical"] and r["divergence"]["near_tie"]]
+                e["off_argmax"] = sum(r["divergence"].get("off_argmax", 0) for r in sel if not r["identical"])
             entry[scope] = e
         res["methods"][m.name] = entry
     return res
@@ -199,14 +197,15 @@ def markdown_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def failures(e: dict) -> list[int]:
-    """Prompts whose greedy output differs from plain's other than at a judged near-tie."""
+def identity_failures(e: dict) -> list[int]:
+    """Prompts whose greedy output differs from plain's other than by near-ties the referee confirmed."""
     return [p for p in e.get("mismatches", []) if p not in e.get("near_ties", [])]
 
 
 def identity_cell(e: dict) -> str:
-    bad, ties = failures(e), len(e.get("near_ties", []))
-    tie_text = f"{ties} bf16 near-tie{'s' * (ties != 1)}"
+    """The table's "identical" cell: yes, "n near-ties" (bf16/fp16, all confirmed), or **NO: failures**."""
+    bad, ties = identity_failures(e), len(e.get("near_ties", []))
+    tie_text = f"{ties} near-tie{'s' * (ties != 1)}"
     if bad:
         return f"**NO: {len(bad)}**" + (f" (+ {tie_text})" if ties else "")
     return tie_text if ties else "yes"
@@ -284,7 +283,7 @@ def add_parser(sub) -> None:
                         "n-gram drafts (drafter.ngram_drafts)")
     p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="target dtype; below float32 a float32 copy of the target judges greedy mismatches")
-    p.add_argument("--tie-tolerance", type=float, default=0.5,
+    p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
                    help="bf16/fp16: largest float32 logit gap at which a greedy mismatch counts as a near-tie")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="out/bench", help="folder for results.json, results.md, plot.png")
@@ -299,8 +298,10 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tok, drafter, _ = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), device)
-    # the referee is loaded from the source in float32, not upcast from the bf16 copy (that would be another model)
-    referee = None if model.dtype == torch.float32 or args.do_sample else load_target(args.target, torch.float32, device)[0]
+    # the referee is loaded from the source in float32 (an upcast bf16 copy would be another model), at the first
+    # mismatch only
+    referee = (None if model.dtype == torch.float32 or args.do_sample
+               else lambda: load_target(args.target, torch.float32, device)[0])
     methods = [Method("plain")]
     if args.prompt_lookup:
         methods.append(Method(f"prompt-lookup-{args.prompt_lookup}", {"prompt_lookup_num_tokens": args.prompt_lookup}))
@@ -317,12 +318,12 @@ def cmd_bench(args) -> int:
     (out / "results.md").write_text(table + "\n")
     plot(res, out / "plot.png")
     print(table)
-    bad = {n: failures(e["all"]) for n, e in res["methods"].items() if failures(e["all"])}
+    bad = {n: identity_failures(e["all"]) for n, e in res["methods"].items() if identity_failures(e["all"])}
     if bad:
         print(f"\n!!! GREEDY MISMATCH against plain generate: {bad} (prompt indices) !!!")
         return 1
     ties = {n: e["all"]["near_ties"] for n, e in res["methods"].items() if e["all"].get("near_ties")}
     if ties:
-        print(f"\n{args.dtype}: greedy outputs left plain's only at near-ties the float32 referee confirmed "
-              f"(top two, gap ≤ {args.tie_tolerance}): {ties}")
+        print(f"\n{args.dtype}: greedy outputs left plain's only by near-ties the float32 referee confirmed "
+              f"(every token from the first difference within {args.tie_tolerance} logits of its best): {ties}")
     return 0

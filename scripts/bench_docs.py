@@ -3,10 +3,10 @@
     python scripts/bench_docs.py out/big_gsm8k/results.json out/big_mbpp/results.json \
         --compact docs/bench_amd_100x256_{}.json --plot docs/bench_amd_100x256.png
 
---compact writes each run without its per-round rows (tens of MB at 100 × 256), keeping one row per prompt
-and method (seconds, new tokens, identity, rounds, drafted rounds, accepted drafts); `{}` is replaced by the
-run's dataset names. --plot draws `bench.plot` over the runs' datasets side by side (the acceptance panel
-shows the first run's datasets pooled).
+--compact writes each run without its per-round rows and output tokens (tens of MB at 100 × 256), keeping one
+row per prompt and method (seconds, new tokens, identity and divergence, rounds, drafted rounds, accepted
+drafts); `{}` is replaced by the run's dataset names. --plot draws `bench.plot` over the runs' datasets side
+by side (the acceptance panel shows the first run's datasets pooled).
 """
 
 import argparse
