@@ -11,6 +11,13 @@ print their measured ratio next to the simulated one, which checks the model. Es
 chosen policy was then benchmarked for real.
 
     python scripts/hybrid_replay.py out/big_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl   # ~5 min the first time
+
+With `--cost-run` the costs come instead from another run's rounds (every DSpark method; a round verifying k
+drafts costs the median of those rounds, lengths with ≤ 20 rounds the profile's T(k+1) plus the offset at 7) and
+`--profile` gives that run's device profile, e.g. the float32 outputs replayed under a bf16 run's costs:
+
+    python scripts/hybrid_replay.py out/big_mbpp/results.json ../shared/data/eval/mbpp.jsonl \
+        --cost-run out/bf16_mbpp/results.json --profile /tmp/prof_bf16.json
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import torch
 
 from hf_dspark.bench import load_prompts
 from hf_dspark.cli import load_target_and_drafter
-from hf_dspark.profile import get_profile
+from hf_dspark.profile import get_profile, load_profile
 from hf_dspark.replay import slot_scores
 from hf_dspark.scheduler import DraftGate, max_verified, single_stream_length
 
@@ -123,6 +130,7 @@ POLICIES = {
     "n-gram 2-4, latest + DSpark (shipped)": ("dspark+scheduler+ngram", {"ngram": (2, 4, True), "dspark": True}),
     "n-gram 2-4, latest, periodic + DSpark": (None, {"ngram": (2, 4, True, True), "dspark": True}),
     "n-gram 3-4, latest + DSpark": (None, {"ngram": (3, 4, True), "dspark": True}),
+    "n-gram 1-4, latest + DSpark": (None, {"ngram": (1, 4, True), "dspark": True}),
     "n-gram 2-4, latest, no DSpark": (None, {"ngram": (2, 4, True)}),
 }
 
@@ -133,6 +141,8 @@ def main() -> None:
     ap.add_argument("prompts", help="the JSONL prompt file of one of its sets")
     ap.add_argument("--cache", type=Path, help="where the per-prompt replay data is kept (default: next to results)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cost-run", type=Path, help="take the cost model from this run's DSpark rounds instead")
+    ap.add_argument("--profile", type=Path, help="the device profile JSON of --cost-run's setup")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cache = args.cache or args.results.with_name(f"hybrid_replay_{Path(args.prompts).stem}.json")
@@ -152,19 +162,36 @@ def main() -> None:
         prof = get_profile(model, drafter, measure=False)
     except FileNotFoundError:
         raise SystemExit("no device profile cached for this setup: run `hf-dspark profile` first") from None
+    if args.profile:
+        prof = load_profile(args.profile)
     T = prof.verify_time
     offset = statistics.median(by_len[4]) - T[4]
     cost = {"plain": statistics.median(by_len[0]), "verify": [statistics.median(by_len[0])] + [t + offset for t in T[1:]],
             "draft": statistics.median(r["draft_time"] for r in rounds if r["drafted"])}
+    if args.cost_run:
+        other = [x for r in json.loads(args.cost_run.read_text())["rows"] if r["rounds"] for x in r["rounds"]]
+        lens: dict[int, list[float]] = {}
+        for r in other:
+            lens.setdefault(r["verified"], []).append(r["verify_time"])
+        med = {k: statistics.median(v) for k, v in lens.items() if len(v) > 20}
+        if 0 not in med or 7 not in med:
+            raise SystemExit("--cost-run needs more than 20 rounds with 0 and with 7 verified drafts")
+        verify = [med.get(k, T[k] + med[7] - T[7]) for k in range(len(T))]
+        cost = {"plain": verify[0], "verify": verify,
+                "draft": statistics.median(r["draft_time"] for r in other if r["drafted"] and r.get("source") == "dspark")}
     print(f"cost model (ms): plain {cost['plain'] * 1e3:.1f}, verify k=1..7 "
           f"{[round(v * 1e3, 1) for v in cost['verify'][1:]]}, drafter {cost['draft'] * 1e3:.1f}")
     base = sum(simulate(d, {}, cost, T, prof, max_new) for d in data)
-    plain = sum(d["seconds"]["plain"] for d in data)
+    # pooled tokens/s against plain, per method, of the run the costs come from
+    rows = json.loads(args.cost_run.read_text())["rows"] if args.cost_run else res["rows"]
+    rate = {}
+    for r in rows:
+        t = rate.setdefault(r["method"], [0, 0.0])
+        t[0], t[1] = t[0] + r["new_tokens"], t[1] + r["seconds"]
+    measured_ratio = {m: (n / s) / (rate["plain"][0] / rate["plain"][1]) for m, (n, s) in rate.items()}
     for name, (measured, pol) in POLICIES.items():
         total = sum(simulate(d, pol, cost, T, prof, max_new) for d in data)
-        check = ""
-        if measured in data[0]["seconds"]:
-            check = f"   (measured in the run: {plain / sum(d['seconds'][measured] for d in data):.3f}x)"
+        check = f"   (measured in the run: {measured_ratio[measured]:.3f}x)" if measured in measured_ratio else ""
         print(f"{name:45s} simulated {base / total:.3f}x plain{check}")
 
 
