@@ -17,7 +17,7 @@ drafts costs the median of those rounds, lengths with ≤ 20 rounds the profile'
 `--profile` gives that run's device profile, e.g. the float32 outputs replayed under a bf16 run's costs:
 
     python scripts/hybrid_replay.py out/big_mbpp/results.json ../shared/data/eval/mbpp.jsonl \
-        --cost-run out/bf16_mbpp/results.json --profile /tmp/prof_bf16.json
+        --cost-run out/bf16_mbpp/results.json --profile docs/profile_amd_bf16.json
 """
 
 from __future__ import annotations
