@@ -13,6 +13,7 @@ referee's best. Anything else is a failure, as in float32.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -24,6 +25,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from .cli import DTYPES
 from .referee import TIE_TOLERANCE, judge_divergence
 
 
@@ -71,16 +73,31 @@ def encode_prompt(tok, text: str) -> torch.Tensor:
             if getattr(tok, "chat_template", None) else tok(text, return_tensors="pt")["input_ids"])
 
 
+def output_tokens(row: dict, ids: torch.Tensor, model) -> list[int] | None:
+    """A greedy bench row's new tokens: stored ("tokens"), or for DSpark rows of runs made before outputs were
+    stored, rebuilt from the rounds (the prefill's token, recomputed with `model` as generate did, then each
+    round's committed tokens). None for other rows of such runs."""
+    if "tokens" in row:
+        return row["tokens"]
+    if not row.get("rounds"):
+        return None
+    with torch.no_grad():
+        first = int(model(ids).logits[0, -1].argmax())
+    out = [first] + [t for r in row["rounds"] for t in r["new_tokens"]]
+    assert len(out) == row["new_tokens"], f"prompt {row['prompt']}: the rounds do not rebuild the output"
+    return out
+
+
 def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]], max_new_tokens: int = 256,
               do_sample: bool = False, temperature: float = 1.0, seed: int = 980406, warmup: int = 1,
               check: Callable | None = None, referee=None, tie_tolerance: float = TIE_TOLERANCE) -> dict:
     """Run every method on every prompt (rotating order); return every number as a JSON-able dict.
 
     `check(method, prompt_index, output_ids)` may replace an output before the identity check (tests use it to
-    corrupt one and prove the check fires). `referee` (for bf16/fp16 targets: the target in float32, or a function
-    that loads it, called at the first mismatch) judges greedy mismatches (referee.judge_divergence); without one
+    corrupt one and prove the check fires). `referee` (for bf16/fp16 targets: a function returning the target in
+    float32, called once, at the first mismatch) judges greedy mismatches (referee.judge_divergence); without one
     every mismatch is a failure."""
-    judge = _Lazy(referee)
+    referee_model = functools.cache(referee) if referee is not None else (lambda: None)
     base = methods[0].name
     gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
     if do_sample:
@@ -122,24 +139,12 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
                 row = next(r for r in rows if r["prompt"] == i and r["method"] == name)
                 row["identical"] = out.tolist() == outs[base].tolist()
                 if not row["identical"]:
-                    row["divergence"] = judge_divergence(outs[base], out, ids.shape[1], judge.get(), tie_tolerance)
+                    row["divergence"] = judge_divergence(outs[base], out, ids.shape[1], referee_model(), tie_tolerance)
     res = summarize(rows, methods, base, prompts, model, gen)
     if not do_sample:
         res["settings"]["identity"] = ({"referee": "float32", "tie_tolerance": tie_tolerance} if referee is not None
                                        else "token for token")
     return res
-
-
-class _Lazy:
-    """A model, or a function that loads one on first use (so a run without mismatches never loads it)."""
-
-    def __init__(self, model_or_loader):
-        self.value = model_or_loader
-
-    def get(self):
-        if callable(self.value) and not isinstance(self.value, torch.nn.Module):
-            self.value = self.value()
-        return self.value
 
 
 def _pooled_stats(rows: list[dict], block: int) -> dict:
@@ -281,7 +286,7 @@ def add_parser(sub) -> None:
                    help="DSpark verify policies to run, comma separated: all, scheduler, an int k (static length), "
                         "threshold:T (static confidence threshold); a '+ngram' suffix (scheduler+ngram) adds "
                         "n-gram drafts (drafter.ngram_drafts)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="target dtype; below float32 a float32 copy of the target judges greedy mismatches")
     p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
                    help="bf16/fp16: largest float32 logit gap at which a greedy mismatch counts as a near-tie")

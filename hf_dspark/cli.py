@@ -11,9 +11,12 @@ import torch
 from .referee import TIE_TOLERANCE
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # --dtype names
+
+
 def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-            "float16": torch.float16, "fp16": torch.float16}[name]
+    return DTYPES[name]
 
 
 def load_target(target: str | None, dtype: torch.dtype, device: str):
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
+    g.add_argument("--dtype", default="float32", choices=list(DTYPES))
     g.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
                    help="bf16/fp16: float32 logits within which a greedy difference from plain counts as a near-tie")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

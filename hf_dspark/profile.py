@@ -339,10 +339,12 @@ def add_profile_parser(subparsers):
     """`hf-dspark profile`: measure (or show the cached) device profile for a target + drafter on this device."""
     import torch as _torch
 
+    from .cli import DTYPES
+
     p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
     p.add_argument("--target", help="model id or folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", help="drafter folder (default: the shipped drafter; only its shape matters)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--device", default="cuda" if _torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); part of the key on CPU")
     p.add_argument("--cache-len", type=int, default=256, help="KV-cache length the forwards run on")

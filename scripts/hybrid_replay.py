@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.bench import load_prompts
+from hf_dspark.bench import encode_prompt, load_prompts, output_tokens
 from hf_dspark.cli import load_target_and_drafter
 from hf_dspark.profile import get_profile, load_profile
 from hf_dspark.replay import slot_scores
@@ -66,14 +66,11 @@ def collect(results: Path, prompts_file: str, cache: Path) -> list[dict]:
     model, tok, drafter, _ = load_target_and_drafter(None, None, torch.float32, "cpu")
     out = []
     for i, (_, text) in zip(indices, load_prompts([prompts_file], len(indices))):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"][0].tolist()
+        prompt = encode_prompt(tok, text)
+        ids = prompt[0].tolist()
         rows = {r["method"]: r for r in res["rows"] if r["prompt"] == i}
-        dspark = next(r for r in rows.values() if r["rounds"])
-        with torch.no_grad():  # the prefill's token; the rounds hold the rest
-            first = int(model(torch.tensor([ids])).logits[0, -1].argmax())
-        y = [first] + [t for r in dspark["rounds"] for t in r["new_tokens"]]
-        assert len(y) == rows["plain"]["new_tokens"], f"prompt {i}: the rounds do not rebuild the output"
+        y = output_tokens(next(r for r in rows.values() if r["rounds"]), prompt, model)
+        assert len(y) == rows["plain"]["new_tokens"], f"prompt {i}: DSpark's output is not plain's length"
         sc = slot_scores(drafter, ids, y)
         out.append({"P": len(ids), "x": ids + y, "match": sc["match"].int().tolist(),
                     "conf": drafter.confidence_probs(sc["conf_greedy"]).tolist(),

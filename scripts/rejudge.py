@@ -15,21 +15,9 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.bench import encode_prompt, load_prompts
+from hf_dspark.bench import encode_prompt, load_prompts, output_tokens
 from hf_dspark.cli import _dtype, load_target
 from hf_dspark.referee import TIE_TOLERANCE, judge_divergence
-
-
-def output_of(row: dict, ids: torch.Tensor, model) -> list[int] | None:
-    if "tokens" in row:
-        return row["tokens"]
-    if not row.get("rounds"):
-        return None
-    with torch.no_grad():
-        first = int(model(ids).logits[0, -1].argmax())
-    out = [first] + [t for r in row["rounds"] for t in r["new_tokens"]]
-    assert len(out) == row["new_tokens"], f"prompt {row['prompt']}: the rounds do not rebuild the output"
-    return out
 
 
 def main() -> None:
@@ -50,7 +38,7 @@ def main() -> None:
     verdicts: dict[str, list] = {}
     for r in rows:
         ids = encode_prompt(tok, texts[index.index(r["prompt"])])
-        out = output_of(r, ids, model)
+        out = output_tokens(r, ids, model)
         if out is None:
             verdicts.setdefault(r["method"], []).append(None)
             continue

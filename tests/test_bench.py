@@ -133,6 +133,6 @@ def test_referee_judges_mismatches_and_loads_lazily():
     assert loads == [1] and e["mismatches"] == [1] and e["near_ties"] == [1] and identity_failures(e) == []
     assert e["off_argmax"] == 1 and "| 1 near-tie |" in markdown_table(tie) and "**NO" not in markdown_table(tie)
     assert tie["settings"]["identity"]["referee"] == "float32"
-    far = run_bench(model, Tok(), ms, PROMPTS, max_new_tokens=8, warmup=0, check=corrupt(-1), referee=model,
+    far = run_bench(model, Tok(), ms, PROMPTS, max_new_tokens=8, warmup=0, check=corrupt(-1), referee=lambda: model,
                     tie_tolerance=0.0)
     assert identity_failures(far["methods"]["dspark"]["all"]) == [1] and "**NO: 1**" in markdown_table(far)
