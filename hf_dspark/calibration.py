@@ -134,9 +134,9 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
 
 def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed: int, eval_files=()) -> list[str]:
     """Prompts from `files` whose ids are not in any `exclude_data` JSONL (training data), shuffled and cut."""
-    from .training.data import check_excluded, done_ids, read_prompts
+    from .training.data import check_excluded, done_ids, prompt_of, read_prompts
 
-    used = set().union(*[done_ids(Path(f)) for f in exclude_data]) if exclude_data else set()
+    used = {prompt_of(i) for f in exclude_data for i in done_ids(f)}
     prompts = [p for f in files for p in read_prompts(f) if p["id"] not in used]
     check_excluded(prompts, list(eval_files))
     random.Random(seed).shuffle(prompts)
@@ -169,7 +169,7 @@ def add_parser(subparsers):
     p = subparsers.add_parser("calibrate", help="fit per-position confidence temperatures (STS) on held-out rounds")
     p.add_argument("drafter", help="drafter folder; the fitted temperatures are saved into it (or --output)")
     p.add_argument("prompts", nargs="+", help="held-out prompt JSONL files ({'turns': [...]})")
-    p.add_argument("--exclude-data", nargs="*", default=[], help="training data JSONL: their prompt ids are skipped")
+    p.add_argument("--exclude-data", nargs="*", default=[], help="training answers (shard folders or JSONL): their prompts are skipped")
     p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files: refuse overlapping prompts")
     p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--limit", type=int, default=40, help="number of held-out prompts")

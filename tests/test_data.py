@@ -1,4 +1,4 @@
-"""`hf-dspark data`: eval-prompt refusal, GSM8K suffix, resumability bookkeeping, batched generation cut at EOS."""
+"""`hf-dspark data`: eval-prompt refusal, GSM8K suffix, the job plan, shards that round-trip and resume."""
 
 import json
 import sys
@@ -10,7 +10,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _tiny import tiny_target
 
-from hf_dspark.training.data import GSM8K_SUFFIX, check_excluded, done_ids, generate_batch, read_prompts
+from hf_dspark.training.data import (GSM8K_SUFFIX, ShardWriter, check_excluded, done_ids, is_holdout, parse_source,
+                                     plan, prompt_of, read_answers, read_prompts)
 
 
 def _jsonl(path, prompts):
@@ -40,15 +41,31 @@ def test_done_ids_skips_a_torn_last_line(tmp_path):
     assert done_ids(tmp_path / "missing.jsonl") == set()
 
 
-def test_generate_batch_left_pads_and_cuts_after_eos():
-    t = tiny_target()
+def test_shards_round_trip_and_resume(tmp_path):
+    recs = [{"id": f"s:{i}#0", "prompt_ids": [1, 2, i], "response_ids": list(range(i + 1))} for i in range(7)]
+    w = ShardWriter(tmp_path / "ans", shard_size=3)
+    for r in recs[:5]:
+        w.write(r)
+    w.close()  # stopped mid-shard: part-00000.jsonl.gz sealed, part-00001.jsonl open with 2 answers
+    assert sorted(p.name for p in (tmp_path / "ans").iterdir()) == ["part-00000.jsonl.gz", "part-00001.jsonl"]
+    w = ShardWriter(tmp_path / "ans", shard_size=3)  # resume appends to the open shard
+    for r in recs[5:]:
+        w.write(r)
+    w.close()
+    assert list(read_answers(tmp_path / "ans")) == recs  # write → read: identical ids, in order
+    assert sorted(p.name for p in (tmp_path / "ans").iterdir())[:2] == ["part-00000.jsonl.gz", "part-00001.jsonl.gz"]
 
-    class Tok:
-        pad_token_id, eos_token_id = 0, 2
 
-    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
-    outs = generate_batch(t, Tok(), prompts, max_new_tokens=6, temperature=0.0, top_p=1.0)
-    for p, o in zip(prompts, outs):
-        ref = t.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-        cut = next((i + 1 for i, x in enumerate(ref) if x == 2), len(ref))
-        assert o == ref[:cut]
+def test_plan_copies_holdout_and_shuffle(tmp_path):
+    src = _jsonl(tmp_path / "mbpp_train.jsonl", [f"Write f{i}." for i in range(60)])
+    jobs = plan([f"{src}:3"], seed=1, temperature=0.7)
+    kept = [p for p in read_prompts(src) if not is_holdout(p["id"])]
+    assert 0 < len(kept) < 60  # some prompts are held out for calibration
+    assert len(jobs) == 3 * len(kept)
+    assert {k for k, _, _ in jobs} == {f"{p['id']}#{i}" for p in kept for i in range(3)}
+    assert all((t == 0.0) == k.endswith("#0") for k, _, t in jobs)  # answer 0 greedy, the rest sampled
+    assert jobs == plan([f"{src}:3"], seed=1, temperature=0.7) and jobs != plan([f"{src}:3"], seed=2)
+    assert prompt_of("mbpp_train:4#2") == "mbpp_train:4"
+    assert parse_source("a/b.jsonl") == ("a/b.jsonl", 1) and parse_source("b.jsonl:10") == ("b.jsonl", 10)
+    with pytest.raises(ValueError, match="per prompt"):
+        parse_source("b.jsonl:0")

@@ -1,22 +1,30 @@
 """`hf-dspark data`: regenerate answers to training prompts with the target itself (§5.1, §9.2).
 
 The drafter must learn the target's own distribution, so original answers are discarded and each prompt
-is answered by the target through its chat template (temperature 0.7, top-p 0.9 by default). Output is
-one JSON line per prompt: {"id", "prompt", "response", "prompt_ids", "response_ids"}; `prompt_ids` is the
+is answered by the target through its chat template, N times per prompt for a source given as `path:N`
+(answer 0 greedy, the others sampled at temperature 0.7, top-p 0.9 by default), by the continuous-batching
+sampler (`sampler.py`). Output is a folder of shards `part-NNNNN.jsonl.gz`, one JSON line per answer:
+{"id": "<file stem>:<line>#<k>", "temperature", "top_p", "prompt_ids", "response_ids"}; `prompt_ids` is the
 templated prompt (ending with the assistant header) and `response_ids` the generated tokens up to and
-including EOS when one was produced. Runs are resumable: ids already in the output file are skipped.
+including EOS when one was produced. Runs are resumable: answers already in the folder are skipped.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import re
+import shutil
 import time
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from .sampler import Job, answer
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -68,17 +76,36 @@ def check_excluded(prompts: list[dict], exclude: list[str | Path]) -> None:
         )
 
 
-def done_ids(path: Path) -> set[str]:
-    if not path.exists():
-        return set()
-    ids = set()
-    with open(path) as f:
-        for line in f:
-            try:
-                ids.add(json.loads(line)["id"])
-            except (json.JSONDecodeError, KeyError):
-                pass  # a line cut by an interrupted write: that prompt is simply redone
-    return ids
+def is_holdout(prompt_id: str) -> bool:
+    """1 prompt in 20 (by a stable hash of its id) is never answered for training: calibration's held-out mix."""
+    return zlib.crc32(prompt_id.encode()) % 20 == 0
+
+
+def read_answers(path: str | Path) -> Iterator[dict]:
+    """Answer records from a shard folder (`part-*.jsonl.gz` and the open `part-*.jsonl`), or one .jsonl/.jsonl.gz.
+
+    A line cut by an interrupted write is skipped (that answer is simply redone on resume).
+    """
+    path = Path(path)
+    files = sorted(path.glob("part-*.jsonl*")) if path.is_dir() else [path] if path.exists() else []
+    for file in files:
+        opener = gzip.open if file.suffix == ".gz" else open
+        with opener(file, "rt") as f:
+            for line in f:
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    pass
+
+
+def done_ids(path: str | Path) -> set[str]:
+    """Keys of the answers already in `path` (`"<file stem>:<line>#<sample>"`; old files: `"<stem>:<line>"`)."""
+    return {r["id"] for r in read_answers(path) if "id" in r}
+
+
+def prompt_of(answer_id: str) -> str:
+    """`"gsm8k_train:12#3"` → `"gsm8k_train:12"` (the prompt an answer belongs to)."""
+    return answer_id.split("#", 1)[0]
 
 
 def template(tokenizer, prompt: str) -> list[int]:
@@ -86,61 +113,100 @@ def template(tokenizer, prompt: str) -> list[int]:
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
-@torch.no_grad()
-def generate_batch(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                   top_p: float) -> list[list[int]]:
-    """Left-padded batched sampling → per prompt the generated ids, cut after the first EOS."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(map(len, prompt_ids))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
-    out = model.generate(
-        input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None, top_k=0,
-        max_new_tokens=max_new_tokens, pad_token_id=pad,
-    )[:, width:].tolist()
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    res = []
-    for row in out:
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        res.append(row[:cut])
-    return res
+def parse_source(spec: str) -> tuple[str, int]:
+    """`"path.jsonl:4"` → ("path.jsonl", 4) answers per prompt; a bare path means 1."""
+    path, sep, n = spec.rpartition(":")
+    if sep and n.isdigit() and path:
+        if int(n) < 1:
+            raise ValueError(f"{spec!r}: the number of answers per prompt must be ≥ 1")
+        return path, int(n)
+    return spec, 1
 
 
-def run(prompt_files: list[str], output: str, exclude: list[str] = (), limit: int | None = None, seed: int = 0,
-        batch_size: int = 16, max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
-        dtype: str = "float32", threads: int | None = None, model_path: str | None = None) -> int:
-    """Generate answers for the shuffled, seeded union of `prompt_files` into `output`. Returns lines written."""
+def plan(sources: list[str], exclude: list[str | Path] = (), seed: int = 0, temperature: float = 0.7,
+         top_p: float = 0.9) -> list[tuple[str, dict, float]]:
+    """The seeded, shuffled job list `[(answer id, prompt record, temperature)]` over `sources` (`path[:N]`).
+
+    Answer 0 of a prompt is greedy (what greedy decoding is verified against), answers 1..N-1 are sampled at
+    `temperature`/`top_p`; held-out prompts (`is_holdout`) are left out. The shuffle mixes the sources evenly,
+    so a run stopped at any point holds every source in its planned share.
+    """
+    jobs = []
+    for spec in sources:
+        path, copies = parse_source(spec)
+        prompts = [p for p in read_prompts(path) if not is_holdout(p["id"])]
+        check_excluded(prompts, list(exclude))
+        jobs += [(f"{p['id']}#{k}", p, 0.0 if k == 0 else temperature) for p in prompts for k in range(copies)]
+    random.Random(seed).shuffle(jobs)
+    return jobs
+
+
+class ShardWriter:
+    """Appends answers to `<dir>/part-NNNNN.jsonl`; every `shard_size` answers that file is gzipped and closed.
+
+    Finished shards never change again (commit them as they come); the open one is read back on resume.
+    """
+
+    def __init__(self, folder: str | Path, shard_size: int = 1000):
+        self.folder, self.shard_size = Path(folder), shard_size
+        self.folder.mkdir(parents=True, exist_ok=True)
+        closed = sorted(self.folder.glob("part-*.jsonl.gz"))
+        self.index = int(closed[-1].name[5:10]) + 1 if closed else 0
+        self.count = sum(1 for _ in read_answers(self._open_path())) if self._open_path().exists() else 0
+        self.file = open(self._open_path(), "a")
+
+    def _open_path(self) -> Path:
+        return self.folder / f"part-{self.index:05d}.jsonl"
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.file.flush()
+        self.count += 1
+        if self.count >= self.shard_size:
+            self.seal()
+
+    def seal(self) -> None:
+        """Gzip the open shard (if it holds anything) and start the next one."""
+        self.file.close()
+        path = self._open_path()
+        if self.count:
+            with open(path, "rb") as src, gzip.open(path.with_suffix(".jsonl.gz"), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            path.unlink()
+            self.index, self.count = self.index + 1, 0
+        self.file = open(self._open_path(), "a")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | None = None, seed: int = 0,
+        slots: int = 64, max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
+        dtype: str = "bfloat16", threads: int | None = None, model_path: str | None = None,
+        shard_size: int = 1000) -> int:
+    """Answer the planned jobs not yet in the shard folder `output`. Returns answers written."""
     if threads:
         torch.set_num_threads(threads)
-    torch.manual_seed(seed)  # sampled answers reproducible run to run (same batches, same machine)
-    prompts = [p for f in prompt_files for p in read_prompts(f)]
-    check_excluded(prompts, list(exclude))
-    random.Random(seed).shuffle(prompts)
-    if limit is not None:
-        prompts = prompts[:limit]
-    out_path = Path(output)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    skip = done_ids(out_path)
-    todo = [p for p in prompts if p["id"] not in skip]
+    jobs = plan(sources, exclude, seed, temperature, top_p)[:limit]
+    skip = done_ids(output)
     model, tok = _load(model_path, getattr(torch, dtype))
-    bar = tqdm(total=len(todo), desc="responses", unit="resp")
+    todo = [Job(key, template(tok, p["prompt"]), temp, top_p) for key, p, temp in jobs if key not in skip]
+    eos = model.generation_config.eos_token_id
+    eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    writer = ShardWriter(output, shard_size)
+    bar = tqdm(total=len(todo), desc="answers", unit="ans")
     written, tokens, t0 = 0, 0, time.perf_counter()
-    with open(out_path, "a") as f:
-        for i in range(0, len(todo), batch_size):
-            chunk = todo[i : i + batch_size]
-            pids = [template(tok, p["prompt"]) for p in chunk]
-            for p, ids, resp in zip(chunk, pids, generate_batch(model, tok, pids, max_new_tokens, temperature, top_p)):
-                rec = {"id": p["id"], "prompt": p["prompt"], "response": tok.decode(resp, skip_special_tokens=True),
-                       "prompt_ids": ids, "response_ids": resp}
-                f.write(json.dumps(rec) + "\n")
-                tokens += len(resp)
-            f.flush()
-            written += len(chunk)
-            bar.update(len(chunk))
+    try:
+        for job, resp in answer(model, todo, eos, max_new_tokens, slots=slots, prefill_batch=max(1, slots // 8),
+                                seed=seed + len(skip)):
+            writer.write({"id": job.key, "temperature": job.temperature, "top_p": job.top_p if job.temperature else None,
+                          "prompt_ids": job.prompt_ids, "response_ids": resp})
+            written, tokens = written + 1, tokens + len(resp)
+            bar.update(1)
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}", tokens=tokens)
-    bar.close()
+    finally:
+        writer.close()
+        bar.close()
     return written
 
 
@@ -157,25 +223,27 @@ def _load(model_path, dtype):
 # ---- CLI -----------------------------------------------------------------------------------------------
 def add_parser(subparsers):
     p = subparsers.add_parser("data", help="regenerate training answers with the target itself")
-    p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [prompt]}); gsm8k* files get the eval suffix")
-    p.add_argument("-o", "--output", required=True, help="output JSONL (appended to; resumable)")
+    p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [prompt]}), each as PATH or PATH:N "
+                   "(N answers per prompt: the first greedy, the rest sampled); gsm8k* files get the eval suffix")
+    p.add_argument("-o", "--output", required=True, help="output shard folder (resumable)")
     p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files whose prompts must not be used")
     p.add_argument("--model", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N shuffled prompts")
+    p.add_argument("--limit", type=int, default=None, help="plan only the first N shuffled answers")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--slots", type=int, default=64, help="rows decoded together (continuous batching)")
+    p.add_argument("--shard-size", type=int, default=1000, help="answers per gzipped shard")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"],
-                   help="float32 measured faster than bf16 on CPUs without native bf16 (54 vs 26 tok/s, batch 32, 1 thread)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="bf16 is ~2x float32 on a CPU with avx512_bf16; float32 was faster without it (54 vs 26 tok/s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (use 1 on shared machines)")
     p.set_defaults(func=main)
     return p
 
 
 def main(args) -> int:
-    n = run(args.prompts, args.output, args.exclude, args.limit, args.seed, args.batch_size, args.max_new_tokens,
-            args.temperature, args.top_p, args.dtype, args.threads, args.model)
+    n = run(args.prompts, args.output, args.exclude, args.limit, args.seed, args.slots, args.max_new_tokens,
+            args.temperature, args.top_p, args.dtype, args.threads, args.model, args.shard_size)
     print(f"wrote {n} responses to {args.output}")
     return 0

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..drafter import DSparkDrafter
 from .anchors import sample_blocks
+from .data import prompt_of, read_answers
 from .features import FeatureSource
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
@@ -27,24 +28,27 @@ from .objective import DraftObjective, simulated_tau
 
 # ---- data ----------------------------------------------------------------------------------------------
 def load_records(path: str | Path, max_length: int = 512, min_response: int = 2) -> list[dict]:
-    """JSONL from `hf-dspark data` → [{"id", "ids": prompt+response ids, "n_prompt"}], truncated to max_length."""
+    """`hf-dspark data` answers (shard folder or JSONL) → [{"id", "ids": prompt+response ids, "n_prompt"}],
+    truncated to max_length."""
     recs = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by an interrupted writer
-            ids = (r["prompt_ids"] + r["response_ids"])[:max_length]
-            if len(ids) - len(r["prompt_ids"]) >= min_response:
-                recs.append({"id": r["id"], "ids": ids, "n_prompt": len(r["prompt_ids"])})
+    for r in read_answers(path):
+        ids = (r["prompt_ids"] + r["response_ids"])[:max_length]
+        if len(ids) - len(r["prompt_ids"]) >= min_response:
+            recs.append({"id": r["id"], "ids": ids, "n_prompt": len(r["prompt_ids"])})
     return recs
 
 
 def split(records: list[dict], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
-    recs = sorted(records, key=lambda r: r["id"])
-    random.Random(seed).shuffle(recs)
-    return recs[val_size:], recs[:val_size]
+    """Seeded train/validation split by prompt (all answers to a prompt on one side), ≈ val_size validation."""
+    by_prompt: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: r["id"]):
+        by_prompt.setdefault(prompt_of(r["id"]), []).append(r)
+    groups = list(by_prompt.values())
+    random.Random(seed).shuffle(groups)
+    val, train = [], []
+    for g in groups:
+        (val if len(val) < val_size else train).extend(g)
+    return train, val
 
 
 def collate(recs: list[dict], pad_id: int):
