@@ -9,12 +9,12 @@
 
 from transformers import AutoConfig
 
-from .candidate import DSparkCandidateGenerator, enable
-from .config import DSparkConfig
-from .drafter import DSparkDrafter
-from .models import load_default_drafter, load_default_target
-from .processors import DSparkLogitsProcessor
-from .stats import DSparkStats
+from .decoding.candidate import DSparkCandidateGenerator, enable
+from .model.config import DSparkConfig
+from .model.drafter import DSparkDrafter
+from .io.loading import load_default_drafter, load_default_target
+from .decoding.processors import DSparkLogitsProcessor
+from .decoding.stats import DSparkStats
 
 AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
 

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_dspark.bench import plot
+from hf_dspark.eval.bench import plot
 
 
 def compact(res: dict) -> dict:

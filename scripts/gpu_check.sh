@@ -25,7 +25,7 @@ import torch, triton, transformers
 print(f"torch {torch.__version__} cuda={torch.cuda.is_available()} "
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else ''}; triton {triton.__version__}; "
       f"transformers {transformers.__version__}")
-from hf_dspark.candidate import check_transformers, sequential_draft
+from hf_dspark.decoding.candidate import check_transformers, sequential_draft
 check_transformers()
 print("hf_dspark draft loop:", sequential_draft.__module__)
 EOF

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.bench import encode_prompt, load_prompts, output_tokens
+from hf_dspark.eval.bench import encode_prompt, load_prompts, output_tokens
 from hf_dspark.cli import load_target_and_drafter
-from hf_dspark.profile import get_profile, load_profile
-from hf_dspark.replay import slot_scores
-from hf_dspark.scheduler import DraftGate, max_verified, single_stream_length
+from hf_dspark.decoding.profile import get_profile, load_profile
+from hf_dspark.eval.replay import slot_scores
+from hf_dspark.decoding.scheduler import DraftGate, max_verified, single_stream_length
 
 GAMMA = 7
 

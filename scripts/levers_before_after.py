@@ -26,8 +26,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from hf_dspark import load_default_drafter, load_default_target
-    from hf_dspark.bench import Method, load_prompts, markdown_table, run_bench
-    from hf_dspark.profile import get_profile
+    from hf_dspark.eval.bench import Method, load_prompts, markdown_table, run_bench
+    from hf_dspark.decoding.profile import get_profile
 
     model, tok = load_default_target(dtype=torch.float32)
     drafter = load_default_drafter(model)

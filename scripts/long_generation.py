@@ -48,8 +48,8 @@ def run(mode: str, new: int, every: int, threads: int, progress: str | None = No
     import torch
 
     torch.set_num_threads(threads)
-    from hf_dspark.candidate import DSparkCandidateGenerator
-    from hf_dspark.models import load_default_drafter, load_default_target
+    from hf_dspark.decoding.candidate import DSparkCandidateGenerator
+    from hf_dspark.io.loading import load_default_drafter, load_default_target
 
     model, tok = load_default_target(torch.float32)
     drafter = load_default_drafter(model) if mode == "dspark" else None

@@ -37,8 +37,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from hf_dspark import DSparkDrafter, load_default_target
-    from hf_dspark.candidate import backbone_slots
-    from hf_dspark.heads import sequential_draft
+    from hf_dspark.decoding.candidate import backbone_slots
+    from hf_dspark.model.heads import sequential_draft
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
     model, tok = load_default_target(dtype=dtype)

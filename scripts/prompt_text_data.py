@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_dspark.models import default_target_path
+from hf_dspark.io.loading import default_target_path
 
 SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.bench import encode_prompt, load_prompts, output_tokens
+from hf_dspark.eval.bench import encode_prompt, load_prompts, output_tokens
 from hf_dspark.cli import _dtype, load_target
-from hf_dspark.referee import TIE_TOLERANCE, judge_divergence
+from hf_dspark.eval.referee import TIE_TOLERANCE, judge_divergence
 
 
 def main() -> None:

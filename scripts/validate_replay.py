@@ -11,10 +11,10 @@ import json
 
 import torch
 
-from hf_dspark.bench import load_prompts
-from hf_dspark.drafter import DSparkDrafter
-from hf_dspark.models import load_default_drafter, load_default_target
-from hf_dspark.replay import slot_scores, walk
+from hf_dspark.eval.bench import load_prompts
+from hf_dspark.model.drafter import DSparkDrafter
+from hf_dspark.io.loading import load_default_drafter, load_default_target
+from hf_dspark.eval.replay import slot_scores, walk
 
 ap = argparse.ArgumentParser()
 ap.add_argument("results")

@@ -1,5 +1,5 @@
 """Synthetic DeepSpec checkpoints written from the documented format alone (deepspec-checkpoints.md §2-§3),
-independently of hf_dspark.deepspec: every config field and tensor key as DeepSpec writes them, tiny sizes,
+independently of hf_dspark.model.deepspec: every config field and tensor key as DeepSpec writes them, tiny sizes,
 random bf16 values, embedding / LM head copied from the target."""
 
 from __future__ import annotations

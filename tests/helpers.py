@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from hf_dspark import candidate
+from hf_dspark.decoding import candidate
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.bench import Method, markdown_table, plot, run_bench
+from hf_dspark.eval.bench import Method, markdown_table, plot, run_bench
 from tests.conftest import tiny_target
 
 
@@ -89,12 +89,12 @@ def test_sampled_runs_have_no_identity_claim():
 
 
 def test_policy_names():
-    from hf_dspark.bench import policy_name
+    from hf_dspark.eval.bench import policy_name
     from hf_dspark.cli import _policy
 
     assert [policy_name(_policy(t)) for t in "all,scheduler,3,threshold:0.5".split(",")] == [
         "dspark", "dspark+scheduler", "dspark-k3", "dspark-threshold-0.5"]
-    from hf_dspark.bench import dspark_methods
+    from hf_dspark.eval.bench import dspark_methods
 
     ms = dspark_methods("scheduler, 2+ngram,all", drafter=None)
     assert [(m.name, m.policy, m.ngram) for m in ms] == [
@@ -105,7 +105,7 @@ def test_policy_names():
 def test_referee_judges_mismatches_and_loads_lazily():
     """bf16/fp16 runs: a mismatch the referee calls a near-tie is not a failure, a far token is; the referee is
     loaded at the first mismatch only (referee.py is tested on its own in test_referee.py)."""
-    from hf_dspark.bench import identity_failures
+    from hf_dspark.eval.bench import identity_failures
 
     model = tiny_target(logit_scale=4.0)
     ms = methods(model)[:4:3]  # plain, dspark

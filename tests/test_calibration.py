@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from hf_dspark.calibration import cumulative, ece, ece_per_position, fit_sts, reliability_plot, rounds_to_arrays
-from hf_dspark.stats import Round
+from hf_dspark.training.calibration import cumulative, ece, ece_per_position, fit_sts, reliability_plot, rounds_to_arrays
+from hf_dspark.decoding.stats import Round
 
 
 def _overconfident(R=4000, gamma=4, seed=0):
@@ -56,7 +56,7 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
     import torch
 
     from hf_dspark import DSparkDrafter
-    from hf_dspark.calibration import collect_rounds
+    from hf_dspark.training.calibration import collect_rounds
 
     tok = copy.deepcopy(char_tokenizer)
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

@@ -6,7 +6,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.candidate import DSparkCandidateGenerator
+from hf_dspark.decoding.candidate import DSparkCandidateGenerator
 from tests.conftest import tiny_target
 from tests.helpers import oracle_drafts
 
@@ -310,7 +310,7 @@ def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
     """drafter.ngram_drafts: every round whose last 2-4 tokens occurred before verifies exactly the tokens that
     followed their latest earlier occurrence (tests/test_ngram.py's brute force), up to the policy's cap and the
     length limit, and only the other rounds consult the draft gate; the output stays identical."""
-    from hf_dspark.verify_policy import VerifyPolicy
+    from hf_dspark.decoding.verify_policy import VerifyPolicy
     from tests.test_ngram import brute_force
 
     recorded = []

@@ -41,7 +41,7 @@ def test_generate_prints_speeds_rounds_and_identity(folders, capsys, verify, ngr
 def test_bf16_mismatch_is_judged_by_a_float32_referee(folders, capsys, monkeypatch, near_tie):
     """bf16: a greedy difference from plain passes only if the float32 referee calls it a near-tie (the judging
     itself is tested in test_bench.py); the referee is the target loaded again in float32."""
-    import hf_dspark.referee as referee
+    import hf_dspark.eval.referee as referee
 
     target, drafter = folders
     real_generate, calls, seen = cli._timed_generate, [], {}

@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from hf_dspark import DSparkDrafter, deepspec
-from hf_dspark.binding import placement
-from hf_dspark.deepspec import DeepSpecFormatError
+from hf_dspark import DSparkDrafter
+from hf_dspark.model import deepspec
+from hf_dspark.model.binding import placement
+from hf_dspark.model.deepspec import DeepSpecFormatError
 from tests.conftest import tiny_target
 from tests.deepspec_files import checkpoint, gemma4_config, qwen3_config, tensors_for, tiny_gemma4, write
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts

@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from hf_dspark import demo
-from hf_dspark.demo_session import (
+from hf_dspark.demo import render as demo
+from hf_dspark.demo.session import (
     MAX_PROMPT_CHARS,
     Recorder,
     Request,
@@ -15,7 +15,7 @@ from hf_dspark.demo_session import (
     stream_generate,
     verify_policy,
 )
-from hf_dspark.stats import DSparkStats, Round
+from hf_dspark.decoding.stats import DSparkStats, Round
 
 torch.set_num_threads(1)
 
@@ -134,7 +134,7 @@ def test_verify_policy_from_controls():
 
 def test_stream_generate_on_a_tiny_target_matches_plain_generate():
     from hf_dspark import DSparkDrafter
-    from hf_dspark.demo_models import tiny_target
+    from hf_dspark.demo.models import tiny_target
 
     t = tiny_target(40)
     d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)

@@ -15,8 +15,9 @@ import os
 import pytest
 import torch
 
-from hf_dspark import DSparkDrafter, candidate
-from hf_dspark import drafter as drafter_mod
+from hf_dspark import DSparkDrafter
+from hf_dspark.decoding import candidate
+from hf_dspark.model import drafter as drafter_mod
 from tests.conftest import tiny_target
 
 tl = pytest.importorskip("triton.language", reason="triton is not installed")

@@ -30,8 +30,10 @@ from dspark_kernels.context_fusion import context_fusion
 from dspark_kernels.markov_draft import markov_draft
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from hf_dspark import DSparkDrafter, candidate, heads
-from hf_dspark import drafter as drafter_mod
+from hf_dspark import DSparkDrafter
+from hf_dspark.decoding import candidate
+from hf_dspark.model import heads
+from hf_dspark.model import drafter as drafter_mod
 from tests.conftest import tiny_target
 
 

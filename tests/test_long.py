@@ -5,7 +5,7 @@ grows except that context (one row per committed position) and the run's per-rou
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.candidate import DSparkCandidateGenerator
+from hf_dspark.decoding.candidate import DSparkCandidateGenerator
 from tests.conftest import tiny_target
 from tests.helpers import oracle_drafts
 

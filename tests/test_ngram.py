@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from hf_dspark.ngram import NgramIndex
+from hf_dspark.decoding.ngram import NgramIndex
 
 
 def brute_force(seq, num, min_ngram=2, max_ngram=4):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark import profile as prof
-from hf_dspark.profile import (
+from hf_dspark.decoding import profile as prof
+from hf_dspark.decoding.profile import (
     DeviceProfile,
     ProfileMismatchError,
     break_even_survival,
@@ -17,7 +17,7 @@ from hf_dspark.profile import (
     measure_profile,
     profile_key,
 )
-from hf_dspark.scheduler import max_verified
+from hf_dspark.decoding.scheduler import max_verified
 from tests.conftest import tiny_target
 
 

@@ -3,7 +3,7 @@ on, every token is within the tolerance of the float32 referee's best; a far tok
 
 import torch
 
-from hf_dspark.referee import judge_divergence
+from hf_dspark.eval.referee import judge_divergence
 from tests.conftest import tiny_target
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5]])

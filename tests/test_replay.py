@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chi2_contingency
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.replay import replay, slot_scores, walk
+from hf_dspark.eval.replay import replay, slot_scores, walk
 from tests.conftest import tiny_target
 
 

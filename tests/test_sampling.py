@@ -12,8 +12,9 @@ import functools
 import pytest
 import torch
 
-from hf_dspark import DSparkDrafter, candidate
-from hf_dspark.ngram import NgramIndex
+from hf_dspark import DSparkDrafter
+from hf_dspark.decoding import candidate
+from hf_dspark.decoding.ngram import NgramIndex
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 
@@ -159,7 +160,7 @@ def test_draw_follows_softmax_and_never_draws_a_zero():
     end; a sampler off by a little (a shifted CDF) fails the same test."""
     import numpy as np
 
-    from hf_dspark.heads import draw
+    from hf_dspark.model.heads import draw
     from tests.sampling_check import _g_test
 
     z = torch.tensor([[0.0, float("-inf"), 1.0, 2.0, -1.0, float("-inf")]])

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from hf_dspark.scheduler import (
+from hf_dspark.decoding.scheduler import (
     DraftGate,
     _lookahead_length,
     greedy_admission,

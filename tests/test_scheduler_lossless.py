@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.profile import DeviceProfile, ProfileMismatchError, profile_key
-from hf_dspark.scheduler import _lookahead_length, max_verified
+from hf_dspark.decoding.profile import DeviceProfile, ProfileMismatchError, profile_key
+from hf_dspark.decoding.scheduler import _lookahead_length, max_verified
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 from tests.test_sampling import N, PROMPT, STEPS, setup
@@ -166,7 +166,7 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     assert drafter.last_stats.drafted_rounds == sum(drafted) and "drafted)" in str(drafter.last_stats)
 
     # n-gram rounds neither pay for the drafter nor age the gate's history: only drafter rounds reach it
-    from hf_dspark.scheduler import DraftGate
+    from hf_dspark.decoding.scheduler import DraftGate
 
     calls = []
     real_record = DraftGate.record
@@ -194,7 +194,7 @@ def test_ngram_drafts_cap_is_the_reach_at_their_own_overhead():
     """Under the scheduler a drafter round pays draft + roll-back, an n-gram round only the roll-back: each is
     capped at scheduler.max_verified for its own overhead. A linear curve shows the difference: with a 5-step
     drafter 4 drafts can pay, with no fixed cost no draft ever can (1 + a tokens for 2 steps)."""
-    from hf_dspark.verify_policy import VerifyPolicy
+    from hf_dspark.decoding.verify_policy import VerifyPolicy
 
     model, drafter = setup(block=4)
     drafter.device_profile = synthetic_profile(model, drafter, [1.0, 2.0, 3.0, 4.0, 5.0])

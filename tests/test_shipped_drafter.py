@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter, load_default_drafter, load_default_target
-from hf_dspark.models import DEFAULT_DRAFTER
+from hf_dspark.io.loading import DEFAULT_DRAFTER
 
 EVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval" / "gsm8k.jsonl"
 # Measured on these two prompts with the shipped file (greedy, 48 new tokens, fp32): τ 2.61 and 1.68, pooled

@@ -212,7 +212,7 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
 
 def _load(model_path, dtype):
     if model_path is None:
-        from ..models import load_default_target
+        from ..io.loading import load_default_target
 
         return load_default_target(dtype=dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer

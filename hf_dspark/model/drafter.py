@@ -183,7 +183,7 @@ class DSparkDrafter(PreTrainedModel):
         """Attach `target` (its embedding, LM head and taps), after checking the pair fits. Enables DSpark
         routing in `target.generate`. Raises ValueError naming the first mismatch."""
         from .binding import validate_pair
-        from .candidate import enable
+        from ..decoding.candidate import enable
 
         validate_pair(self, target)
         self.__dict__["_target"] = target

@@ -1,16 +1,14 @@
-"""`hf-dspark demo`: the options of app.py (flags, or HF_DSPARK_* environment variables on a Space) and
-the subcommand that runs the repository's app.py with them."""
+"""`hf-dspark demo`: the options of the Gradio demo (flags, or HF_DSPARK_* environment variables on a Space) and
+the subcommand that runs hf_dspark/demo/app.py with them."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import runpy
-from pathlib import Path
 
 import torch
 
-from .demo_session import MAX_NEW_TOKENS
+from ..demo.session import MAX_NEW_TOKENS
 
 
 def _env(name: str, default=None):
@@ -39,18 +37,13 @@ def parse_app_args(argv=None) -> argparse.Namespace:
     return add_arguments(argparse.ArgumentParser(prog="app.py", description="DSpark live demo")).parse_args(argv)
 
 
-def app_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "app.py"
-
-
 def cmd_demo(args) -> int:
-    path = app_path()
-    if not path.exists():
-        raise SystemExit(f"{path} not found: `hf-dspark demo` runs app.py from a source checkout of hf_dspark")
-    runpy.run_path(str(path), run_name="hf_dspark_app")["main"](args)
+    from ..demo import app  # gradio is an optional dependency (the `demo` extra)
+
+    app.main(args)
     return 0
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="launch the Gradio demo (app.py): watch drafts, scheduling, verification")
+    p = subparsers.add_parser("demo", help="launch the Gradio demo (hf_dspark/demo/app.py): watch drafts, scheduling, verification")
     add_arguments(p).set_defaults(func=cmd_demo)

@@ -134,7 +134,7 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
 
 def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed: int, eval_files=()) -> list[str]:
     """Prompts from `files` whose ids are not in any `exclude_data` JSONL (training data), shuffled and cut."""
-    from .training.data import check_excluded, done_ids, prompt_of, read_prompts
+    from .data import check_excluded, done_ids, prompt_of, read_prompts
 
     used = {prompt_of(i) for f in exclude_data for i in done_ids(f)}
     prompts = [p for f in files for p in read_prompts(f) if p["id"] not in used]
@@ -187,8 +187,8 @@ def add_parser(subparsers):
 def main(args) -> int:
     import torch
 
-    from .drafter import DSparkDrafter
-    from .training.trainer import load_target
+    from ..model.drafter import DSparkDrafter
+    from .trainer import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -209,7 +209,7 @@ def main(args) -> int:
     if stored in ("bfloat16", "float16", "float32"):
         drafter = drafter.to(getattr(torch, stored))
     if getattr(drafter, "deepspec_source", None):  # never rewrite DeepSpec files: temperatures go beside them
-        from .deepspec import save_calibration
+        from ..model.deepspec import save_calibration
 
         save_calibration(drafter, out, sampling_temperature=args.temperature)
     else:

@@ -511,7 +511,7 @@ def add_parser(subparsers):
 
 
 def _main(args) -> int:
-    from .cli import load_target_and_drafter
+    from ..cli import load_target_and_drafter
 
     _, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, torch.float32, "cpu")
     out = export(drafter, args.output, dtype=getattr(torch, args.dtype) if args.dtype else None)

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from .cli import DTYPES
+from ..cli import DTYPES
 from .referee import TIE_TOLERANCE, judge_divergence
 
 
@@ -148,7 +148,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
 
 
 def _pooled_stats(rows: list[dict], block: int) -> dict:
-    from .stats import DSparkStats, Round
+    from ..decoding.stats import DSparkStats, Round
 
     st = DSparkStats(block_size=block)
     for r in rows:
@@ -260,7 +260,7 @@ def policy_name(policy, ngram: bool = False) -> str:
 def dspark_methods(policies: str, drafter) -> list[Method]:
     """`--policies` text, e.g. "all,scheduler+ngram" → one Method per entry, all on the same drafter (run_bench
     sets its verify_policy and ngram_drafts per call)."""
-    from .cli import _policy
+    from ..cli import _policy
 
     out = []
     for text in policies.split(","):
@@ -296,8 +296,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .cli import _dtype, load_target, load_target_and_drafter
-    from .drafter import DSparkDrafter
+    from ..cli import _dtype, load_target, load_target_and_drafter
+    from ..model.drafter import DSparkDrafter
 
     if args.threads:
         torch.set_num_threads(args.threads)

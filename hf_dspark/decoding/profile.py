@@ -145,7 +145,7 @@ def profile_key(target, drafter) -> ProfileKey:
 
 
 def profile_path(key: ProfileKey) -> Path:
-    from .models import cache_dir
+    from ..io.loading import cache_dir
 
     return cache_dir() / "profiles" / f"{key.slug()}.json"
 
@@ -273,7 +273,7 @@ def _time_drafter(drafter, n: int, cache_len: int, warmup: int, repeats: int, ge
     the context K/V, one backbone pass over the block, the LM-head rows and sequential head (with sampling) for
     the first `n` drafts, confidences."""
     from .candidate import backbone_slots
-    from .heads import sequential_draft
+    from ..model.heads import sequential_draft
 
     cfg, dev = drafter.config, drafter.device
     gamma, m = cfg.block_size, len(cfg.target_layer_ids)
@@ -339,7 +339,7 @@ def add_profile_parser(subparsers):
     """`hf-dspark profile`: measure (or show the cached) device profile for a target + drafter on this device."""
     import torch as _torch
 
-    from .cli import DTYPES
+    from ..cli import DTYPES
 
     p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
     p.add_argument("--target", help="model id or folder (default: the embedded SmolLM2-135M-Instruct)")
@@ -357,7 +357,7 @@ def add_profile_parser(subparsers):
 
 
 def cmd_profile(args) -> int:
-    from .cli import _dtype, load_target_and_drafter
+    from ..cli import _dtype, load_target_and_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)

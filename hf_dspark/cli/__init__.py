@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from .referee import TIE_TOLERANCE
+from ..eval.referee import TIE_TOLERANCE
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -23,8 +23,8 @@ def load_target(target: str | None, dtype: torch.dtype, device: str):
     """(model, tokenizer) for a target id/folder (None = embedded SmolLM2), DSpark-enabled, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import models
-    from .candidate import enable
+    from ..io import loading as models
+    from ..decoding.candidate import enable
 
     if target is None:
         return models.load_default_target(dtype=dtype, device=device)
@@ -33,8 +33,8 @@ def load_target(target: str | None, dtype: torch.dtype, device: str):
 
 def load_target_and_drafter(target: str | None, drafter: str | None, dtype: torch.dtype, device: str):
     """(model, tokenizer, drafter, drafter_description) for a target id/folder (None = embedded SmolLM2)."""
-    from . import models
-    from .drafter import DSparkDrafter
+    from ..io import loading as models
+    from ..model.drafter import DSparkDrafter
 
     model, tok = load_target(target, dtype, device)
     if drafter is not None:
@@ -101,7 +101,7 @@ def cmd_generate(args) -> int:
         print(f"greedy output identical to plain generate: {same}")
         if not same and model.dtype != torch.float32:
             # bf16/fp16 round a 1-token and a multi-token forward differently: judge the first difference
-            from . import referee
+            from ..eval import referee
 
             d = referee.judge_divergence(plain, spec, n_prompt, load_target(args.target, torch.float32, args.device)[0],
                                          args.tie_tolerance)
@@ -140,18 +140,14 @@ def main(argv=None) -> int:
     g.set_defaults(func=cmd_generate)
 
     # Other subcommands register themselves here (one line each).
-    from .training import data as _data; _data.add_parser(sub)  # noqa: E702
-    from . import profile as _profile; _profile.add_profile_parser(sub)  # noqa: E702
-    from .training import trainer as _train; _train.add_parser(sub)  # noqa: E702
-    from . import calibration as _calib; _calib.add_parser(sub)  # noqa: E702
-    from . import deepspec as _deepspec; _deepspec.add_parser(sub)  # noqa: E702
-    from . import demo_cli as _demo; _demo.add_parser(sub)  # noqa: E702
-    from . import bench as _bench; _bench.add_parser(sub)  # noqa: E702
-    from . import replay as _replay; _replay.add_parser(sub)  # noqa: E702
+    from ..training import data as _data; _data.add_parser(sub)  # noqa: E702
+    from ..decoding import profile as _profile; _profile.add_profile_parser(sub)  # noqa: E702
+    from ..training import trainer as _train; _train.add_parser(sub)  # noqa: E702
+    from ..training import calibration as _calib; _calib.add_parser(sub)  # noqa: E702
+    from ..model import deepspec as _deepspec; _deepspec.add_parser(sub)  # noqa: E702
+    from . import demo as _demo; _demo.add_parser(sub)  # noqa: E702
+    from ..eval import bench as _bench; _bench.add_parser(sub)  # noqa: E702
+    from ..eval import replay as _replay; _replay.add_parser(sub)  # noqa: E702
 
     args = parser.parse_args(argv)
     return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

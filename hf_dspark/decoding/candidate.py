@@ -25,14 +25,14 @@ from transformers.generation.stopping_criteria import (
     StoppingCriteria,
 )
 
-from .drafter import DSparkDrafter
+from ..model.drafter import DSparkDrafter
 from .ngram import NgramIndex
 try:  # kernels/dspark_kernels: the fused Triton draft on CUDA; it runs heads.sequential_draft otherwise
     from dspark_kernels.dispatch import sequential_draft
 except ModuleNotFoundError as e:  # an install without kernels/ (see docs/kernels.md)
     if e.name != "dspark_kernels":
         raise
-    from .heads import sequential_draft
+    from ..model.heads import sequential_draft
 from .processors import DSparkLogitsProcessor
 from .stats import DSparkStats, Round
 from .verify_policy import VerifyPolicy

@@ -66,7 +66,7 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     The model is made DSpark-ready (`hf_dspark.enable`), so `model.generate(..., assistant_model=drafter)`
     routes to DSpark. fp32 is the dtype our token-identity claim covers; bf16 is faster on CPU.
     """
-    from .candidate import enable
+    from ..decoding.candidate import enable
 
     path = default_target_path()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
@@ -74,13 +74,13 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     return enable(model), tok
 
 
-DEFAULT_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dspark"
+DEFAULT_DRAFTER = Path(__file__).parent.parent / "assets" / "smollm2-135m-dspark"
 
 
 def load_default_drafter(model):
     """The shipped DSpark drafter for SmolLM2-135M-Instruct (trained and calibrated with `hf-dspark train` /
     `hf-dspark calibrate`, see docs/training.md), bound to `model` and cast to its dtype and device."""
-    from .drafter import DSparkDrafter
+    from ..model.drafter import DSparkDrafter
 
     if not (DEFAULT_DRAFTER / "model.safetensors").exists():
         raise RuntimeError(f"the shipped drafter is missing from {DEFAULT_DRAFTER}; reinstall hf_dspark")

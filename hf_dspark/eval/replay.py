@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .stats import DSparkStats, Round
-from .training.anchors import block_mask
-from .training.features import target_features
+from ..decoding.stats import DSparkStats, Round
+from ..training.anchors import block_mask
+from ..training.features import target_features
 
 
 @torch.no_grad()
@@ -199,8 +199,8 @@ def add_parser(subparsers):
 
 
 def main(args) -> int:
-    from .cli import load_target_and_drafter
-    from .drafter import DSparkDrafter
+    from ..cli import load_target_and_drafter
+    from ..model.drafter import DSparkDrafter
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -220,7 +220,7 @@ def main(args) -> int:
                 "acceptance_histogram": st.acceptance_histogram,
                 "target_argmax_agreement": st.target_argmax_agreement}
             if dr.confidence is not None:  # calibration quality on these rounds: ECE per position, raw vs fitted
-                from .calibration import ece_per_position, rounds_to_arrays
+                from ..training.calibration import ece_per_position, rounds_to_arrays
 
                 temps = dr.config.confidence_temperatures
                 z, y, valid = rounds_to_arrays(st.rounds, st.block_size, temps)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .stats import DSparkStats, Round
+from ..decoding.stats import DSparkStats, Round
 
 FATES = ("accepted", "rejected", "trimmed", "target")
 LEGEND = {

@@ -1,0 +1,152 @@
+"""DSpark live demo (Gradio): watch the drafter draft, the scheduler trim and the target verify, token by token.
+
+    hf-dspark demo                 # embedded SmolLM2 target + shipped drafter (untrained fallback, with a notice)
+    python app.py --tiny           # (the repository's app.py) tiny seeded models, no download (the browser test)
+    python app.py --target DIR --drafter DIR [--drafter-none DIR]
+
+Runs unchanged as a Hugging Face Space through the repository's app.py (see docs/demo.md). Rendering lives in
+render.py, the generation thread in session.py, model loading in models.py; this file wires.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr
+import torch
+
+from hf_dspark.demo import render as view
+from hf_dspark.demo.models import HEADS, load_demo_models
+from hf_dspark.demo.session import (
+    MAX_PROMPT_CHARS,
+    Request,
+    chat_inputs,
+    check_request,
+    sampling_kwargs,
+    stream_generate,
+    verify_policy,
+)
+
+EXAMPLE = "Explain speculative decoding in two sentences."
+
+
+def build(models, max_new_tokens: int) -> gr.Blocks:
+    tok, target = models.tokenizer, models.target
+    gamma = next(d for d in models.drafters.values() if d is not None).config.block_size
+    lock = threading.Lock()  # one generation at a time on this model (the queue also enforces it)
+    profiles: dict = {}
+
+    def decode(i: int) -> str:
+        return tok.decode([i], skip_special_tokens=False)
+
+    def profile_for(drafter):  # measured once per drafter (seconds), then cached on disk by hf_dspark.decoding.profile
+        from hf_dspark.decoding.profile import get_profile
+
+        if id(drafter) not in profiles:
+            profiles[id(drafter)] = get_profile(target, drafter, measure=True)
+        return profiles[id(drafter)]
+
+    def run_dspark(req: Request):
+        """Yields (answer html, stats html, final Progress or None)."""
+        drafter = models.drafters.get(req.head) or models.drafters["Markov"]
+        policy, desc, note = verify_policy(req, drafter, profile_for)
+        inputs = chat_inputs(tok, req.prompt, target.device)
+        gen = dict(max_new_tokens=req.max_new_tokens, **sampling_kwargs(req))
+        for p in stream_generate(target, inputs, gen, drafter=drafter, policy=policy, lock=lock, ngram=req.ngram):
+            if p.error is not None:
+                raise gr.Error(f"generation failed: {type(p.error).__name__}: {p.error}")
+            fates = view.classify(p.recorder.first_ids, p.rounds, req.block)
+            n = len(view.committed_ids(fates))
+            yield (view.answer_html(req.prompt, fates, decode, p.done, note),
+                   view.stats_html(p.stats, n, p.elapsed, req.block, desc + (" + n-gram drafts" if req.ngram else "")),
+                   p if p.done else None)
+
+    def request(prompt, max_new, temperature, top_p, block, scheduler, head, ngram) -> Request:
+        try:
+            return check_request(Request(prompt, max_new, temperature, top_p, block, scheduler, head, ngram), gamma,
+                                 max_new_tokens)
+        except ValueError as e:
+            raise gr.Error(str(e))
+
+    def on_generate(*controls):
+        req = request(*controls)
+        for answer, stats, _ in run_dspark(req):
+            yield answer, stats, ""
+
+    def on_race(*controls):
+        req = request(*controls)
+        final = None
+        for answer, stats, final_ in run_dspark(req):
+            final = final_ or final
+            yield answer, stats, '<div class="dspark-race">DSpark running… plain generate next</div>'
+        n_dspark = len(final.recorder.ids)
+        inputs = chat_inputs(tok, req.prompt, target.device)
+        gen = dict(max_new_tokens=req.max_new_tokens, **sampling_kwargs(req))
+        for p in stream_generate(target, inputs, gen, lock=lock):
+            if p.error is not None:
+                raise gr.Error(f"plain generate failed: {p.error}")
+            text = tok.decode(p.recorder.ids, skip_special_tokens=True)
+            race = view.plain_html(text, p.done)
+            if p.done:
+                same = None if req.temperature > 0 else torch.equal(p.output, final.output)
+                race = view.race_html(n_dspark / final.elapsed, len(p.recorder.ids) / p.elapsed, same) + race
+            yield answer, stats, race
+
+    with gr.Blocks(title="DSpark speculative decoding") as demo:
+        gr.Markdown(f"## DSpark speculative decoding, live\n{view.esc(models.description)}. Each answer token is "
+                    "coloured by its fate; hover a token for its round, position and predicted survival c vs outcome.")
+        for note in models.notes:
+            gr.HTML(f'<div class="untrained">{view.esc(note)}</div>')
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(label=f"Prompt (≤ {MAX_PROMPT_CHARS} characters)", value=EXAMPLE, lines=3,
+                                    max_lines=8, max_length=MAX_PROMPT_CHARS, elem_id="prompt")
+                with gr.Row():
+                    go = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                    race_btn = gr.Button("Race vs plain generate", elem_id="race-btn")
+                temperature = gr.Slider(0, 1.5, value=0.0, step=0.05, label="temperature (0 = greedy)")
+                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p")
+                max_new = gr.Slider(1, max_new_tokens, value=min(64, max_new_tokens), step=1, label="max new tokens")
+                block = gr.Slider(0, gamma, value=gamma, step=1,
+                                  label=f"block size: drafts verified per round (drafter's γ = {gamma})")
+                scheduler = gr.Checkbox(value=False, label="scheduler (choose ℓ from c_k and the device profile)",
+                                        elem_id="scheduler")
+                ngram = gr.Checkbox(value=False, elem_id="ngram",
+                                    label="n-gram drafts (copy from the context where its last 2-4 tokens repeat)")
+                has_none = models.drafters.get("none") is not None
+                head = gr.Radio(list(HEADS), value="Markov", label="sequential head", interactive=has_none)
+                if not has_none:
+                    gr.Markdown("*head 'none' disabled: no drafter with head_type none is loaded (--drafter-none)*")
+            with gr.Column(scale=3):
+                answer = gr.HTML(view.legend_html(), elem_id="answer")
+                stats = gr.HTML("", elem_id="stats")
+                race = gr.HTML("", elem_id="race")
+        controls = [prompt, max_new, temperature, top_p, block, scheduler, head, ngram]
+        outputs = [answer, stats, race]
+        # One shared concurrency group: generate and race never run at once, so no stream sees another's state.
+        for trigger, fn in ((go.click, on_generate), (prompt.submit, on_generate), (race_btn.click, on_race)):
+            trigger(fn, controls, outputs, concurrency_limit=1, concurrency_id="model")
+    return demo
+
+
+def warm_up(models) -> None:
+    """One short run of each path, so the first visitor's race does not time one-off setup costs."""
+    inputs = models.tokenizer("Hi", return_tensors="pt").to(models.target.device)
+    models.target.generate(**inputs, max_new_tokens=4, do_sample=False)
+    for d in models.drafters.values():
+        if d is not None:
+            models.target.generate(**inputs, max_new_tokens=4, do_sample=False, assistant_model=d)
+
+
+def main(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = load_demo_models(args.target, args.drafter, args.drafter_none, args.tiny, args.tiny_steps, args.device)
+    warm_up(models)
+    demo = build(models, args.max_new_tokens)
+    demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
+    demo.launch(server_name=args.host, server_port=args.port, css=view.CSS, show_error=True)
+
