@@ -9,12 +9,14 @@
 
 from transformers import AutoConfig
 
-from .decoding.candidate import DSparkCandidateGenerator, enable
+from .decoding.candidate import DSparkCandidateGenerator
+from .decoding.options import DecodingOptions
+from .decoding.processors import DSparkLogitsProcessor
+from .decoding.routing import enable
+from .decoding.stats import DSparkStats
+from .io.loading import load_default_drafter, load_default_target
 from .model.config import DSparkConfig
 from .model.drafter import DSparkDrafter
-from .io.loading import load_default_drafter, load_default_target
-from .decoding.processors import DSparkLogitsProcessor
-from .decoding.stats import DSparkStats
 
 AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
 
@@ -25,6 +27,7 @@ __all__ = [
     "DSparkDrafter",
     "DSparkLogitsProcessor",
     "DSparkStats",
+    "DecodingOptions",
     "enable",
     "load_default_drafter",
     "load_default_target",

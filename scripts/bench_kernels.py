@@ -18,6 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.model.heads import draft_block
 
 
 def build(device, dtype, layers, vocab, draft_vocab):
@@ -45,14 +46,12 @@ def round_inputs(drafter, n=7, ctx_rows=4):
 
 
 def draft_fn(drafter, h, vocab, lm_rows, w2, sample):
-    from dspark_kernels.dispatch import sequential_draft
-
     procs = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(50)]) if sample else None
     prefix = torch.tensor([[5, 6, 7]], device=drafter.device)
     anchor = torch.tensor(7, device=drafter.device)
     base = drafter.base_logits(h, lm_rows)
-    return lambda: sequential_draft(base, h, anchor, drafter.head, drafter.confidence, prefix, procs, sample,
-                                    vocab=vocab, w2=w2, vocab_size=drafter.config.vocab_size)
+    return lambda: draft_block(base, h, anchor, drafter.head, drafter.confidence, prefix, procs, sample,
+                               vocab=vocab, w2=w2, vocab_size=drafter.config.vocab_size)
 
 
 def timeit(fn, reps=50):
@@ -119,6 +118,7 @@ def main():
         "base logits (LM-head rows)": lambda: dr.base_logits(h, lm_rows),
         "sequential draft, greedy": draft_fn(dr, h, vocab, lm_rows, w2, False),
         "sequential draft, T=0.7 top-k 50": draft_fn(dr, h, vocab, lm_rows, w2, True),
+        "whole round (drafter.draft), greedy": lambda: dr.draft(kv, ids[:, :4], n),
     }
     if a.ops:
         print(f"aten ops per phase of one round (γ={n}, PyTorch path):")

@@ -25,9 +25,10 @@ import torch, triton, transformers
 print(f"torch {torch.__version__} cuda={torch.cuda.is_available()} "
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else ''}; triton {triton.__version__}; "
       f"transformers {transformers.__version__}")
-from hf_dspark.decoding.candidate import check_transformers, sequential_draft
+from hf_dspark.decoding.routing import check_transformers
+from hf_dspark.model import heads
 check_transformers()
-print("hf_dspark draft loop:", sequential_draft.__module__)
+print("hf_dspark kernels:", heads.kernels.__name__ if heads.kernels else "not importable (PyTorch path only)")
 EOF
 rc=${PIPESTATUS[0]}; status[env]=$([ "$rc" = 0 ] && echo ok || echo FAILED)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.eval.bench import encode_prompt, load_prompts, output_tokens
-from hf_dspark.cli import load_target_and_drafter
+from hf_dspark.io.loading import load_target_and_drafter
 from hf_dspark.decoding.profile import get_profile, load_profile
 from hf_dspark.eval.replay import slot_scores
 from hf_dspark.decoding.scheduler import DraftGate, max_verified, single_stream_length

@@ -37,8 +37,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from hf_dspark import DSparkDrafter, load_default_target
-    from hf_dspark.decoding.candidate import backbone_slots
-    from hf_dspark.model.heads import sequential_draft
+    from hf_dspark.model.heads import draft_block
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
     model, tok = load_default_target(dtype=dtype)
@@ -62,7 +61,7 @@ def main():
         vocab, lm_rows, w2 = drafter.draft_weights()
         prefix = ids[:, :300]
         for n in sorted({g, *a.drafts}, reverse=True):  # a whole block, and the sizes policies cap it to
-            slots = backbone_slots(n, g)
+            slots = drafter.backbone_slots(n)
             emb = drafter.embed(torch.full((1, slots), 16))
             pos = torch.arange(300, 300 + slots)[None]
             rows[f"drafter: backbone, {slots} slots"] = median_ms(lambda: drafter.backbone(emb, pos, kv))
@@ -71,9 +70,11 @@ def main():
             if vocab is not None and n == g:
                 rows[f"drafter: LM head, full {model.config.vocab_size} rows x {g}"] = median_ms(lambda: drafter.base_logits(h))
             U = drafter.base_logits(h, lm_rows)
-            rows[f"drafter: sequential head + confidence (greedy), {n} drafts"] = median_ms(lambda: sequential_draft(
+            rows[f"drafter: sequential head + confidence (greedy), {n} drafts"] = median_ms(lambda: draft_block(
                 U, h, torch.tensor(5), drafter.head, drafter.confidence, prefix, None, False, vocab=vocab, w2=w2,
                 vocab_size=model.config.vocab_size))
+            rows[f"drafter: whole round (drafter.draft, greedy), {n} drafts"] = median_ms(
+                lambda: drafter.draft(kv, prefix, n, weights=(vocab, lm_rows, w2)))
     prompt = tok.apply_chat_template([{"role": "user", "content": "Explain photosynthesis in two sentences."}],
                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)
     drafter.verify_policy = int(a.policy) if a.policy.isdigit() else a.policy

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.eval.bench import encode_prompt, load_prompts, output_tokens
-from hf_dspark.cli import _dtype, load_target
+from hf_dspark.io.loading import DTYPES, load_target
 from hf_dspark.eval.referee import TIE_TOLERANCE, judge_divergence
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     res = json.loads(args.results.read_text())
     name = Path(args.prompts).stem
     rows = [r for r in res["rows"] if r["dataset"] == name and "divergence" in r]
-    model, tok = load_target(None, _dtype(res["environment"]["dtype"]), "cpu")
+    model, tok = load_target(None, DTYPES[res["environment"]["dtype"]], "cpu")
     referee = load_target(None, torch.float32, "cpu")[0]
     texts = dict(enumerate(t for _, t in load_prompts([args.prompts], None)))
     index = sorted({r["prompt"] for r in res["rows"] if r["dataset"] == name})

@@ -12,7 +12,7 @@ def tiny_target(seed: int = 0, vocab: int = 64, layers: int = 4):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
     model = LlamaForCausalLM(cfg).eval()
-    from hf_dspark.decoding.candidate import enable
+    from hf_dspark.decoding.routing import enable
 
     return enable(model)
 

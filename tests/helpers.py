@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from hf_dspark.decoding import candidate
+from hf_dspark import DSparkDrafter
 
 
 @contextlib.contextmanager
@@ -14,11 +14,11 @@ def oracle_drafts(reference: torch.Tensor, p_right: float = 0.7, seed: int = 0):
     """Within the block, replace each drafted token by the reference continuation (plain generate's output)
     with probability `p_right`, else by a wrong token. Greedy verification ignores draft logits, so this
     exercises partial acceptance of every length without a trained drafter."""
-    real = candidate.sequential_draft
+    real = DSparkDrafter.draft
     gen = torch.Generator().manual_seed(seed)
 
-    def patched(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw):
-        block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw)
+    def patched(self, context_kv, prefix_ids, n, **kw):
+        block = real(self, context_kv, prefix_ids, n, **kw)
         start = prefix_ids.shape[1]
         for k in range(len(block.tokens)):
             pos = start + k
@@ -27,8 +27,8 @@ def oracle_drafts(reference: torch.Tensor, p_right: float = 0.7, seed: int = 0):
             block.tokens[k] = right if ok else (right + 1) % block.logits.shape[-1]
         return block
 
-    candidate.sequential_draft = patched
+    DSparkDrafter.draft = patched
     try:
         yield
     finally:
-        candidate.sequential_draft = real
+        DSparkDrafter.draft = real

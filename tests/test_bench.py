@@ -90,9 +90,9 @@ def test_sampled_runs_have_no_identity_claim():
 
 def test_policy_names():
     from hf_dspark.eval.bench import policy_name
-    from hf_dspark.cli import _policy
+    from hf_dspark import DecodingOptions
 
-    assert [policy_name(_policy(t)) for t in "all,scheduler,3,threshold:0.5".split(",")] == [
+    assert [policy_name(DecodingOptions.parse(t).verify_policy) for t in "all,scheduler,3,threshold:0.5".split(",")] == [
         "dspark", "dspark+scheduler", "dspark-k3", "dspark-threshold-0.5"]
     from hf_dspark.eval.bench import dspark_methods
 

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter, cli
+from hf_dspark.cli import generate
+from hf_dspark.io import loading
 from tests.conftest import tiny_target
 
 
@@ -44,7 +46,7 @@ def test_bf16_mismatch_is_judged_by_a_float32_referee(folders, capsys, monkeypat
     import hf_dspark.eval.referee as referee
 
     target, drafter = folders
-    real_generate, calls, seen = cli._timed_generate, [], {}
+    real_generate, calls, seen = generate._timed_generate, [], {}
 
     def corrupt_spec(model, inputs, **kw):  # the DSpark run (with assistant_model) loses its last token
         out, secs = real_generate(model, inputs, **kw)
@@ -58,7 +60,7 @@ def test_bf16_mismatch_is_judged_by_a_float32_referee(folders, capsys, monkeypat
         seen["referee"] = referee.dtype
         return {"position": spec.shape[1] - 1 - prompt_len, "near_tie": near_tie, "max_gap": 0.01 if near_tie else 3.0}
 
-    monkeypatch.setattr(cli, "_timed_generate", corrupt_spec)
+    monkeypatch.setattr(generate, "_timed_generate", corrupt_spec)
     monkeypatch.setattr(referee, "judge_divergence", judge)
     argv = ["generate", "hello there", "--target", str(target), "--drafter", str(drafter), "--max-new-tokens", "8",
             "--device", "cpu", "--threads", "1", "--dtype", "bf16"]
@@ -73,8 +75,8 @@ def test_bf16_mismatch_is_judged_by_a_float32_referee(folders, capsys, monkeypat
 def test_float32_mismatch_fails_without_a_referee(folders, capsys, monkeypatch):
     """float32: any greedy difference is a failure (exit 1), and no referee is loaded to excuse it."""
     target, drafter = folders
-    real_generate, loads = cli._timed_generate, []
-    real_load = cli.load_target
+    real_generate, loads = generate._timed_generate, []
+    real_load = loading.load_target
 
     def corrupt_spec(model, inputs, **kw):
         out, secs = real_generate(model, inputs, **kw)
@@ -83,8 +85,8 @@ def test_float32_mismatch_fails_without_a_referee(folders, capsys, monkeypatch):
             out[0, -1] = (out[0, -1] + 1) % 64
         return out, secs
 
-    monkeypatch.setattr(cli, "_timed_generate", corrupt_spec)
-    monkeypatch.setattr(cli, "load_target", lambda *a: loads.append(a) or real_load(*a))
+    monkeypatch.setattr(generate, "_timed_generate", corrupt_spec)
+    monkeypatch.setattr(loading, "load_target", lambda *a: loads.append(a) or real_load(*a))
     argv = ["generate", "hello there", "--target", str(target), "--drafter", str(drafter), "--max-new-tokens", "8",
             "--device", "cpu", "--threads", "1"]
     assert cli.main(argv) == 1

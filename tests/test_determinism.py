@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.decoding import candidate
-from hf_dspark.model import drafter as drafter_mod
+from hf_dspark.model import heads
 from tests.conftest import tiny_target
 
 tl = pytest.importorskip("triton.language", reason="triton is not installed")
@@ -63,8 +62,6 @@ def models():
 def path(request, monkeypatch):
     """Force one implementation and count the kernel's launches."""
     monkeypatch.setenv(dispatch.ENV, request.param)
-    monkeypatch.setattr(candidate, "sequential_draft", dispatch.sequential_draft)
-    monkeypatch.setattr(drafter_mod, "_fuse_context", dispatch.fuse_context)
     calls = {"draft": 0}
     real = md_mod.markov_draft
 
@@ -99,7 +96,6 @@ def test_same_seed_same_sample_run_to_run(models, path, i):
 def test_deterministic_decodes_are_equal_across_paths(models, monkeypatch):
     """Greedy and top-k = 1 sampling: the same tokens from the kernel and the PyTorch path (and = plain greedy)."""
     model, dr = models
-    monkeypatch.setattr(candidate, "sequential_draft", dispatch.sequential_draft)
     plain = model.generate(PROMPT.to(DEVICE), do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)
     outs = {}
     for name in ("torch", "triton"):
@@ -117,10 +113,8 @@ def test_sampled_paths_consume_the_generator_differently(models, monkeypatch):
     entry and position (Gumbel-max), the reference one uniform per position (heads.draw). Pinned here so a change that
     makes the two share uniforms (and so sampled outputs) shows up as a failure to update the docstring above."""
     model, dr = models
-    monkeypatch.setattr(candidate, "sequential_draft", dispatch.sequential_draft)
     draws = {}
     for name in ("torch", "triton"):
-        monkeypatch.setenv(dispatch.ENV, name)
         seen = {"rand": [], "multinomial": 0}
         real_rand, real_multi = torch.rand, torch.multinomial
         monkeypatch.setattr(torch, "rand", lambda *a, **k: (seen["rand"].append(tuple(a)), real_rand(*a, **k))[1])
@@ -130,8 +124,8 @@ def test_sampled_paths_consume_the_generator_differently(models, monkeypatch):
             with torch.no_grad():
                 n, vd = 4, 48
                 base = torch.randn(n, vd)
-                dispatch.sequential_draft(base, torch.randn(n, 16), torch.tensor(3), dr.head, dr.confidence,
-                                          PROMPT, None, True, vocab_size=48)
+                heads.draft_block(base, torch.randn(n, 16), torch.tensor(3), dr.head, dr.confidence,
+                                  PROMPT, None, True, vocab_size=48, backend=name)
         finally:
             monkeypatch.setattr(torch, "rand", real_rand)
             monkeypatch.setattr(torch, "multinomial", real_multi)

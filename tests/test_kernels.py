@@ -31,9 +31,8 @@ from dspark_kernels.markov_draft import markov_draft
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.decoding import candidate
-from hf_dspark.model import heads
 from hf_dspark.model import drafter as drafter_mod
+from hf_dspark.model import heads
 from tests.conftest import tiny_target
 
 
@@ -120,17 +119,17 @@ def tiny_pair(head="markov", vocab=None):
     return model, dr
 
 
-def test_draft_plan_names_what_forces_the_reference():
+def test_kernel_plan_names_what_forces_the_reference():
     _, dr = tiny_pair()
-    assert dispatch.draft_plan(dr.head, dr.confidence, None) == {"temperature": None, "top_k": None}
+    assert heads.kernel_plan(dr.head, dr.confidence, None) == {"temperature": None, "top_k": None}
     procs = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
-    assert dispatch.draft_plan(dr.head, dr.confidence, procs) == {"temperature": 0.7, "top_k": 5}
-    assert "TopPLogitsWarper" in dispatch.draft_plan(dr.head, dr.confidence, LogitsProcessorList([TopPLogitsWarper(0.9)]))
-    assert "TemperatureLogitsWarper" in dispatch.draft_plan(  # top-k then temperature is not transformers' order
+    assert heads.kernel_plan(dr.head, dr.confidence, procs) == {"temperature": 0.7, "top_k": 5}
+    assert "TopPLogitsWarper" in heads.kernel_plan(dr.head, dr.confidence, LogitsProcessorList([TopPLogitsWarper(0.9)]))
+    assert "TemperatureLogitsWarper" in heads.kernel_plan(  # top-k then temperature is not transformers' order
         dr.head, dr.confidence, LogitsProcessorList([TopKLogitsWarper(5), TemperatureLogitsWarper(0.7)]))
-    assert "TopKLogitsWarper" in dispatch.draft_plan(dr.head, dr.confidence, LogitsProcessorList([TopKLogitsWarper(999)]))
+    assert "TopKLogitsWarper" in heads.kernel_plan(dr.head, dr.confidence, LogitsProcessorList([TopKLogitsWarper(999)]))
     _, rnn = tiny_pair("rnn")
-    assert "RNNHead" in dispatch.draft_plan(rnn.head, rnn.confidence, None)
+    assert "RNNHead" in heads.kernel_plan(rnn.head, rnn.confidence, None)
 
 
 def test_backend_env(monkeypatch):
@@ -148,8 +147,7 @@ def test_backend_env(monkeypatch):
 
 def test_hf_dspark_is_wired_to_the_dispatch():
     """Fails when dspark_kernels was not importable as hf_dspark loaded: pyproject must list kernels/ (docs/kernels.md)."""
-    assert candidate.sequential_draft is dispatch.sequential_draft
-    assert drafter_mod._fuse_context is dispatch.fuse_context
+    assert heads.kernels is dispatch
 
 
 @pytest.fixture
@@ -159,8 +157,6 @@ def kernel_path(monkeypatch):
     from dspark_kernels import markov_draft as md_mod
 
     monkeypatch.setenv(dispatch.ENV, "triton")
-    monkeypatch.setattr(candidate, "sequential_draft", dispatch.sequential_draft)
-    monkeypatch.setattr(drafter_mod, "_fuse_context", dispatch.fuse_context)
     calls = {"draft": 0, "fusion": 0}
 
     def count(name, fn):
@@ -184,7 +180,7 @@ def test_dispatch_draft_equals_reference(kernel_path):
     prefix = torch.tensor([[5, 6, 9]], device=DEVICE)
     args = (base, h, torch.tensor(9, device=DEVICE), dr.head, dr.confidence, prefix, None, False)
     with torch.no_grad():
-        got = dispatch.sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=48)
+        got = heads.draft_block(*args, vocab=vocab, w2=w2, vocab_size=48, backend="triton")
         want = heads.sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=48)
     assert kernel_path["draft"] == 1
     assert got.tokens.tolist() == want.tokens.tolist()
@@ -203,19 +199,19 @@ def test_end_to_end_greedy_identity_on_the_kernel_path(kernel_path, vocab):
     assert kernel_path["fusion"] > 0
 
 
-def test_end_to_end_sampling_runs_on_the_kernel_path(kernel_path):
+def test_end_to_end_sampling_runs_on_the_kernel_path(kernel_path, monkeypatch):
     """Temperature + top-k (transformers' defaults when sampling): the kernel drafts, and every drafted token
     has q > 0 in the logits handed to the verifier."""
     model, dr = tiny_pair()
     seen = []
-    real = candidate.sequential_draft
+    real = drafter_mod.draft_block
 
     def spy(*a, **k):
         block = real(*a, **k)
         seen.append(block)
         return block
 
-    candidate.sequential_draft = spy  # restored by the fixture's monkeypatch of the same attribute
+    monkeypatch.setattr(drafter_mod, "draft_block", spy)
     torch.manual_seed(0)
     out = model.generate(torch.tensor([[1, 5, 2]], device=DEVICE), do_sample=True, temperature=0.8, top_k=6,
                          max_new_tokens=8, min_new_tokens=8, assistant_model=dr)

@@ -15,6 +15,7 @@ import torch
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding import candidate
 from hf_dspark.decoding.ngram import NgramIndex
+from hf_dspark.model import drafter as drafter_mod
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 
@@ -92,18 +93,18 @@ def test_sampling_matches_target_distribution(name):
 @contextlib.contextmanager
 def q_without_markov_bias():
     """A deliberately wrong sampler: tokens are drawn from softmax(U + B) but the verifier is told q = softmax(U)."""
-    real = candidate.sequential_draft
+    real = drafter_mod.draft_block
 
     def wrong(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw):
         block = real(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample, **kw)
         block.logits = base_logits[: len(block.tokens)].clone()
         return block
 
-    candidate.sequential_draft = wrong
+    drafter_mod.draft_block = wrong
     try:
         yield
     finally:
-        candidate.sequential_draft = real
+        drafter_mod.draft_block = real
 
 
 def test_negative_control_wrong_q_is_rejected():

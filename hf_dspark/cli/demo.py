@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
 from ..demo.session import MAX_NEW_TOKENS
+from . import common
 
 
 def _env(name: str, default=None):
@@ -16,8 +15,8 @@ def _env(name: str, default=None):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--target", default=_env("TARGET"), help="target model folder/id (default: embedded SmolLM2)")
-    p.add_argument("--drafter", default=_env("DRAFTER"), help="drafter folder (default: the shipped drafter)")
+    common.add_target(p, default=_env("TARGET"))
+    common.add_drafter(p, default=_env("DRAFTER"))
     p.add_argument("--drafter-none", default=_env("DRAFTER_NONE"), help="a drafter with head_type none, for the head control")
     p.add_argument("--tiny", action="store_true", default=_env("DEMO_TINY", "") not in ("", "0"),
                    help="tiny seeded target + drafters built from a config (no download; for tests)")
@@ -28,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting at most; more are refused")
     p.add_argument("--host", default=None, help="bind address (default: gradio's, 127.0.0.1 or $GRADIO_SERVER_NAME)")
     p.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860 or $GRADIO_SERVER_PORT)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=int(_env("THREADS", "0")), help="torch threads (0 = default)")
+    common.add_device(p)
+    common.add_threads(p, default=int(_env("THREADS", "0")))
     return p
 
 

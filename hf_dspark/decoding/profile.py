@@ -7,7 +7,7 @@ A profile holds, for one (target, drafter shape, dtype, device, torch) combinati
                      scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
   rollback_time      median seconds of cropping the target cache back after a verification.
 The measured curve is used as is: on CPU in fp32 it is not monotone (transformers-integration.md §7), so no
-smooth cost model would do. Profiles are cached as JSON under `models.cache_dir()/profiles/`, keyed by
+smooth cost model would do. Profiles are cached as JSON under `cache.cache_dir()/profiles/`, keyed by
 `ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
 """
 
@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
+from transformers.utils import logging
 
+from ..cache import cache_dir
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -145,8 +148,6 @@ def profile_key(target, drafter) -> ProfileKey:
 
 
 def profile_path(key: ProfileKey) -> Path:
-    from ..io.loading import cache_dir
-
     return cache_dir() / "profiles" / f"{key.slug()}.json"
 
 
@@ -169,8 +170,6 @@ def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DevicePr
 def get_profile(target, drafter, measure: bool = True, **measure_kwargs) -> DeviceProfile:
     """The cached profile for this target/drafter/device/dtype/torch; if there is none, measure and cache one
     (`measure=True`, a few seconds on CPU) or raise FileNotFoundError. Never returns another setup's profile."""
-    from transformers.utils import logging
-
     key = profile_key(target, drafter)
     path = profile_path(key)
     if path.exists():
@@ -215,8 +214,6 @@ def measure_profile(target, drafter, cache_len: int = 256, warmup: int = 3, repe
 
 
 def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile:
-    from transformers import DynamicCache
-
     gamma = drafter.config.block_size
     device = target.device
     clock = _Clock(device)
@@ -270,31 +267,21 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile
 def _time_drafter(drafter, n: int, cache_len: int, warmup: int, repeats: int, gen: torch.Generator,
                   clock: _Clock) -> float:
     """Median seconds of one drafter round as the candidate generator runs it: ingest a few accepted rows into
-    the context K/V, one backbone pass over the block, the LM-head rows and sequential head (with sampling) for
-    the first `n` drafts, confidences."""
-    from .candidate import backbone_slots
-    from ..model.heads import sequential_draft
-
+    the context K/V, then drafter.draft (kernel or PyTorch, as decoding would): one backbone pass over the block,
+    the LM-head rows and sequential head (with sampling) for the first `n` drafts, calibrated confidences."""
     cfg, dev = drafter.config, drafter.device
     gamma, m = cfg.block_size, len(cfg.target_layer_ids)
     feats = torch.randn(1, cache_len, m * cfg.hidden_size, generator=gen).to(dev, drafter.dtype)
     context = drafter.context_kv(feats, torch.arange(cache_len, device=dev)[None])
     new = min(cache_len, gamma // 2 + 1)  # a typical round accepts about half the block
-    block_ids = torch.randint(0, cfg.vocab_size, (1, gamma), generator=gen).to(dev)
-    slots = backbone_slots(n, gamma)
-    block_ids, positions = block_ids[:, :slots], torch.arange(cache_len, cache_len + slots, device=dev)[None]
-    prefix = block_ids[:, :1]
-    vocab, lm_rows, w2_rows = drafter.draft_weights()  # a pruned draft vocabulary is part of the drafter's cost
+    prefix = torch.randint(0, cfg.vocab_size, (1, cache_len + 1), generator=gen).to(dev)  # the anchor at cache_len
+    weights = drafter.draft_weights()  # a pruned draft vocabulary is part of the drafter's cost
     times = []
     for rep in range(warmup + repeats):
         t0 = clock.now()
         kv = drafter.context_kv(feats[:, -new:], torch.arange(cache_len - new, cache_len, device=dev)[None])
         ctx = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(context, kv)]
-        h = drafter.backbone(drafter.embed(block_ids), positions, ctx)[0, :n]
-        block = sequential_draft(drafter.base_logits(h, lm_rows), h, block_ids[0, 0], drafter.head, drafter.confidence,
-                                 prefix, None, True, vocab=vocab, w2=w2_rows, vocab_size=cfg.vocab_size)
-        if drafter.confidence is not None:
-            drafter.confidence_probs(block.conf_logits).tolist()  # the host sync the scheduler needs
+        drafter.draft(ctx, prefix, n, do_sample=True, weights=weights)  # its confidences: the scheduler's host sync
         t1 = clock.now()
         if rep >= warmup:
             times.append(t1 - t0)
@@ -332,46 +319,3 @@ def format_profile(profile: DeviceProfile) -> str:
         )
     lines.append("  (run as: a length is verified as the cheaper longer forward T*(B) = min_{j≥B} T(j); lossless)")
     return "\n".join(lines)
-
-
-# ---- command line -----------------------------------------------------------------------------------------------
-def add_profile_parser(subparsers):
-    """`hf-dspark profile`: measure (or show the cached) device profile for a target + drafter on this device."""
-    import torch as _torch
-
-    from ..cli import DTYPES
-
-    p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
-    p.add_argument("--target", help="model id or folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", help="drafter folder (default: the shipped drafter; only its shape matters)")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--device", default="cuda" if _torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default); part of the key on CPU")
-    p.add_argument("--cache-len", type=int, default=256, help="KV-cache length the forwards run on")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
-    p.add_argument("--output", help="also write the profile JSON here")
-    p.set_defaults(func=cmd_profile)
-    return p
-
-
-def cmd_profile(args) -> int:
-    from ..cli import _dtype, load_target_and_drafter
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), args.device)
-    path = profile_path(profile_key(model, drafter))
-    cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
-    if cached is not None and cached.current:
-        profile = cached
-        print(f"cached profile {path} (use --force to re-measure)")
-    else:
-        profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats)
-        profile.save(path)
-        print(f"saved {path}")
-    if args.output:
-        profile.save(args.output)
-    print(format_profile(profile))
-    return 0

@@ -29,9 +29,8 @@ from typing import Callable
 
 import torch
 
+from .profile import ProfileMismatchError, get_profile, profile_key
 from .scheduler import DraftGate, max_verified, static_threshold_length
-
-DEFAULT = "all"
 
 
 class VerifyPolicy:
@@ -74,7 +73,7 @@ class VerifyPolicy:
 
     @classmethod
     def for_drafter(cls, drafter, target) -> "VerifyPolicy":
-        return cls(getattr(drafter, "verify_policy", DEFAULT), drafter, target)
+        return cls(drafter.options.verify_policy, drafter, target)
 
     def should_draft(self) -> bool:
         """Whether this round drafts at all (always, except under the scheduler's DraftGate). Call once per round
@@ -98,9 +97,7 @@ class VerifyPolicy:
 
 
 def _profile_for(drafter, target):
-    from .profile import ProfileMismatchError, get_profile, profile_key
-
-    profile = getattr(drafter, "device_profile", None)
+    profile = drafter.options.device_profile
     if profile is None:
         return get_profile(target, drafter, measure=True)
     key = profile_key(target, drafter)

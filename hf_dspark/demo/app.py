@@ -18,9 +18,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import torch
 
-from hf_dspark.demo import render as view
-from hf_dspark.demo.models import HEADS, load_demo_models
-from hf_dspark.demo.session import (
+from ..decoding.profile import get_profile
+from . import render as view
+from .models import HEADS, load_demo_models
+from .session import (
     MAX_PROMPT_CHARS,
     Request,
     chat_inputs,
@@ -42,9 +43,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
     def decode(i: int) -> str:
         return tok.decode([i], skip_special_tokens=False)
 
-    def profile_for(drafter):  # measured once per drafter (seconds), then cached on disk by hf_dspark.decoding.profile
-        from hf_dspark.decoding.profile import get_profile
-
+    def profile_for(drafter):  # measured once per drafter (seconds), then cached on disk by decoding/profile.py
         if id(drafter) not in profiles:
             profiles[id(drafter)] = get_profile(target, drafter, measure=True)
         return profiles[id(drafter)]

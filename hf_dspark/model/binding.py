@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 
 def _special_ids(target) -> set[int]:
@@ -93,8 +94,6 @@ def validate_pair(drafter, target) -> None:
 
 def _check_local_checkpoint(cls, folder: Path) -> None:
     """Compare the safetensors header (names, shapes) with what the folder's config builds, before loading."""
-    from safetensors import safe_open
-
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl", ".ckpt"})

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers.initialization import no_init_weights
+from transformers.utils import cached_file
 
+from .binding import placement, validate_pair
 from .config import DSparkConfig
 
 logger = logging.getLogger(__name__)
@@ -91,8 +97,6 @@ def _resolve(path, filename: str, kwargs: dict) -> Path | None:
     if local.is_dir():
         f = local / kwargs.get("subfolder", "") / filename
         return f if f.is_file() else None
-    from transformers.utils import cached_file
-
     try:
         found = cached_file(str(path), filename, _raise_exceptions_for_missing_entries=False, **_hub_kwargs(kwargs))
     except OSError:
@@ -151,8 +155,6 @@ def _normalise_keys(stored) -> dict[str, str]:
 
 def read_header(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path, str]]:
     """DeepSpec key → (shape, file, stored name), without reading tensor data."""
-    from safetensors import safe_open
-
     out = {}
     for f in files:
         with safe_open(f, "pt") as sf:
@@ -162,8 +164,6 @@ def read_header(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path, str
 
 
 def _tensor(entry) -> torch.Tensor:
-    from safetensors import safe_open
-
     _, f, name = entry
     with safe_open(f, "pt") as sf:
         return sf.get_tensor(name)
@@ -369,17 +369,13 @@ def _shared_tensors(header: dict, target, where) -> None:
                              "this drafter was trained with another revision of the target")
 
 
-def load(path, target=None, *, dtype: torch.dtype | None = None, calibration=None, **kwargs):
-    """Load a DeepSpec DSpark/DFlash checkpoint (local folder or Hub id) into a DSparkDrafter bound to `target`.
+def load(path, target=None, *, drafter_class, dtype: torch.dtype | None = None, calibration=None, **kwargs):
+    """Load a DeepSpec DSpark/DFlash checkpoint (local folder or Hub id) into a `drafter_class` (DSparkDrafter:
+    DSparkDrafter.from_pretrained calls this) bound to `target`.
 
     dtype: defaults to the target LM head's dtype (files are bf16; fp32 on CPU is exact). calibration: path of a
     `dspark_calibration.json` (default: the one beside the weights, if any). Other kwargs: Hub download options.
     """
-    from transformers.initialization import no_init_weights
-
-    from .binding import placement, validate_pair
-    from .drafter import DSparkDrafter
-
     if target is None:
         raise ValueError("a DeepSpec checkpoint needs its target: DSparkDrafter.from_pretrained(path, target=model)")
     unknown = set(kwargs) - set(_HUB_KWARGS) - {"dtype", "torch_dtype"}
@@ -401,7 +397,7 @@ def load(path, target=None, *, dtype: torch.dtype | None = None, calibration=Non
                        CALIBRATION_FILE, path)
     device, target_dtype = placement(target)
     with no_init_weights():
-        drafter = DSparkDrafter(config)
+        drafter = drafter_class(config)
     state = {ours: _tensor(header[ds]) for ds, (ours, *_rest) in expected_keys(config).items()
              if ours is not None and ds in header}
     for name, buf in drafter.state_dict().items():  # optional persistent buffers (Gemma4 layer_scalar → 1.0)
@@ -458,8 +454,6 @@ def to_deepspec_config(drafter, dtype: torch.dtype) -> dict:
         raw["markov_head_type"] = {v: k for k, v in HEAD_TYPES.items()}[c.head_type]
     if c.confidence_head:
         raw["confidence_head_with_markov"] = bool(c.confidence_head_with_markov and rank > 0)
-    import transformers
-
     raw["transformers_version"] = transformers.__version__
     return dict(sorted(raw.items()))
 
@@ -468,8 +462,6 @@ def export(drafter, folder, dtype: torch.dtype | None = None) -> Path:
     """Write a bound drafter as a DeepSpec checkpoint: config.json, model.safetensors (with the target's embedding
     and LM head copied in, as DeepSpec does) and, if it has a confidence head, dspark_calibration.json.
     dtype: default the drafter's (exact round trip); torch.bfloat16 matches the released files."""
-    from safetensors.torch import save_file
-
     c = drafter.config
     if not c.qk_norm:
         raise ValueError("DeepSpec drafters always have q/k norms: a drafter with qk_norm=False cannot be exported")
@@ -495,25 +487,3 @@ def export(drafter, folder, dtype: torch.dtype | None = None) -> Path:
     if c.confidence_head:
         write_calibration(out, c.confidence_temperatures, tensors["fc.weight"])
     return out
-
-
-# ---- CLI ------------------------------------------------------------------------------------------------
-def add_parser(subparsers):
-    p = subparsers.add_parser("export", help="write a drafter in another format (DeepSpec / vLLM DSpark checkpoints)")
-    p.add_argument("drafter", help="drafter folder (ours or DeepSpec)")
-    p.add_argument("output", help="output folder")
-    p.add_argument("--format", default="deepspec", choices=["deepspec"])
-    p.add_argument("--target", default=None, help="target id/folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="tensor dtype in the file (default: the drafter's; DeepSpec releases are bfloat16)")
-    p.set_defaults(func=_main)
-    return p
-
-
-def _main(args) -> int:
-    from ..cli import load_target_and_drafter
-
-    _, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, torch.float32, "cpu")
-    out = export(drafter, args.output, dtype=getattr(torch, args.dtype) if args.dtype else None)
-    print(f"wrote a DeepSpec checkpoint to {out} ({len(expected_keys(drafter.config))} tensors)")
-    return 0

@@ -14,15 +14,12 @@ from transformers import PreTrainedModel
 from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
+from ..decoding.options import DecodingOptions
+from ..decoding.routing import Drafter, enable
+from . import deepspec
+from .binding import default_mask_token_id, load_strict, placement, validate_pair
 from .config import DSparkConfig
-from .heads import ConfidenceHead, build_head
-
-try:  # kernels/dspark_kernels (docs/kernels.md)
-    from dspark_kernels.dispatch import fuse_context as _fuse_context
-except ModuleNotFoundError as e:
-    if e.name != "dspark_kernels":
-        raise
-    _fuse_context = None
+from .heads import ConfidenceHead, DraftBlock, build_head, draft_block, fuse_context
 
 
 _NOT_STANDALONE = (
@@ -116,7 +113,7 @@ class DSparkLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class DSparkDrafter(PreTrainedModel):
+class DSparkDrafter(Drafter, PreTrainedModel):
     """A DSpark drafter for one target model. Use `DSparkDrafter.from_target(model)` for a fresh one and
     `DSparkDrafter.from_pretrained(path, target=model)` for a trained one; then
     `model.generate(..., assistant_model=drafter)`.
@@ -146,7 +143,7 @@ class DSparkDrafter(PreTrainedModel):
         # Module names follow DeepSpec's checkpoints (markov_head.markov_w1, confidence_head.proj, ...).
         self.markov_head = build_head(config)
         rank = config.markov_rank if self.markov_head is not None else 0
-        with_prev = getattr(config, "confidence_head_with_markov", True) and rank > 0
+        with_prev = config.confidence_head_with_markov and rank > 0
         self.confidence_head = ConfidenceHead(d + rank if with_prev else d, use_prev=with_prev) if config.confidence_head else None
         if config.draft_vocab_size is not None:  # the pruned draft vocabulary, saved with the weights
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
@@ -154,13 +151,20 @@ class DSparkDrafter(PreTrainedModel):
             self.draft_vocab = None
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.last_stats = None
-        # Run-time options, HF-style on the assistant (see verify_policy.py): how many drafts to verify, the
-        # DeviceProfile the scheduler uses (None = the cached one for this target/device, measured once), and
-        # whether rounds whose last tokens occurred before take free n-gram drafts instead (ngram.py).
-        self.verify_policy = "all"
-        self.device_profile = None
-        self.ngram_drafts = False
+        # Run-time options, HF-style on the assistant (decoding/options.py): how many drafts to verify, the
+        # DeviceProfile the scheduler uses, and whether repeating contexts take free n-gram drafts.
+        self.options = DecodingOptions()
         self.post_init()
+
+    verify_policy = property(lambda self: self.options.verify_policy,
+                             lambda self, v: setattr(self.options, "verify_policy", v),
+                             doc="options.verify_policy: drafts verified per round (decoding/verify_policy.py)")
+    ngram_drafts = property(lambda self: self.options.ngram_drafts,
+                            lambda self, v: setattr(self.options, "ngram_drafts", v),
+                            doc="options.ngram_drafts: free n-gram drafts where the context repeats")
+    device_profile = property(lambda self: self.options.device_profile,
+                              lambda self, v: setattr(self.options, "device_profile", v),
+                              doc="options.device_profile: the scheduler's DeviceProfile (None: cached/measured)")
 
     @property
     def head(self):
@@ -182,9 +186,6 @@ class DSparkDrafter(PreTrainedModel):
     def bind(self, target) -> "DSparkDrafter":
         """Attach `target` (its embedding, LM head and taps), after checking the pair fits. Enables DSpark
         routing in `target.generate`. Raises ValueError naming the first mismatch."""
-        from .binding import validate_pair
-        from ..decoding.candidate import enable
-
         validate_pair(self, target)
         self.__dict__["_target"] = target
         enable(target)
@@ -194,10 +195,6 @@ class DSparkDrafter(PreTrainedModel):
     def from_target(cls, target, **overrides) -> "DSparkDrafter":
         """A fresh, randomly initialised drafter sized for `target` (the start for training and for tests).
         `overrides` are DSparkConfig fields (block_size, num_hidden_layers, head_type, mask_token_id, ...)."""
-        from .binding import default_mask_token_id
-
-        from .binding import placement
-
         if "mask_token_id" not in overrides:
             overrides["mask_token_id"] = default_mask_token_id(target)
         config = DSparkConfig.for_target(target.config, **overrides)
@@ -212,16 +209,11 @@ class DSparkDrafter(PreTrainedModel):
         A DeepSpec DSpark/DFlash checkpoint (folder or Hub id whose config names `Qwen3DSparkModel` or
         `Gemma4DSparkModel`) is recognised and loaded by `hf_dspark.deepspec` (needs `target`; docs/deepspec.md).
         The drafter is placed on the device and dtype of the target's LM head (device_map targets included)."""
-        from .binding import placement
-
         if isinstance(pretrained_model_name_or_path, DSparkConfig):
             drafter = cls(pretrained_model_name_or_path)
         else:
-            from . import deepspec
-            from .binding import load_strict
-
             if deepspec.is_deepspec_checkpoint(pretrained_model_name_or_path, **kwargs):
-                return deepspec.load(pretrained_model_name_or_path, target=target, **kwargs)
+                return deepspec.load(pretrained_model_name_or_path, target=target, drafter_class=cls, **kwargs)
             if target is not None:
                 kwargs.setdefault("dtype", placement(target)[1])
             drafter = load_strict(cls, super().from_pretrained, pretrained_model_name_or_path, *args, **kwargs)
@@ -290,10 +282,9 @@ class DSparkDrafter(PreTrainedModel):
         return vocab, head[vocab].contiguous(), (w2[vocab].contiguous() if w2 is not None else None)
 
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
-        """Concatenated taps [B, n, m·d] (order of target_layer_ids) → context [B, n, d]."""
-        if _fuse_context is not None:  # the fused fc + RMSNorm kernel on CUDA, else these modules
-            return _fuse_context(features.to(self.dtype), self.fc, self.hidden_norm)
-        return self.hidden_norm(self.fc(features.to(self.dtype)))
+        """Concatenated taps [B, n, m·d] (order of target_layer_ids) → context [B, n, d] (the fused fc + RMSNorm
+        kernel on CUDA, else these modules: heads.fuse_context)."""
+        return fuse_context(features.to(self.dtype), self.fc, self.hidden_norm)
 
     def context_kv(self, features: torch.Tensor, position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer context keys/values for new committed positions: [(k, v) [B, n_kv, n, hd]] × layers."""
@@ -309,6 +300,37 @@ class DSparkDrafter(PreTrainedModel):
         for layer, (k, v) in zip(self.layers, context_kv):
             h = layer(h, cos, sin, k, v, mask)
         return self.norm(h)
+
+    def backbone_slots(self, drafts: int) -> int:
+        """Block slots the backbone runs for `drafts` drafts: the anchor, one mask per draft (slot i predicts draft
+        i + 1, so the last mask looks one token past the last draft), at most the trained block."""
+        return min(self.config.block_size, drafts + 1)
+
+    # ---- a round -----------------------------------------------------------------------------------------
+    def draft(self, context_kv, prefix_ids: torch.Tensor, n: int, *, reach: int | None = None, processor=None,
+              do_sample: bool = False, weights=None) -> DraftBlock:
+        """One drafter round, the only code that runs one: the block [anchor ; masks] through the backbone over
+        `context_kv`, then the sequential head and confidence left to right → DraftBlock of `n` drafts (tokens,
+        the exact logits q was drawn from, raw and calibrated confidences).
+
+        context_kv: per layer (k, v) [1, n_kv, ctx, hd] of the committed context (`context_kv(...)`);
+        prefix_ids [1, cur_len]: the sequence so far, its last token the anchor at position cur_len - 1
+        (processors see prefix + drafts as the target's will); reach: the most drafts any round of this generate
+        can verify (default n): the backbone runs backbone_slots(reach) slots, so a round short of room trims the
+        block rather than changing it; processor: the target's logits processors (None: raw logits);
+        weights: draft_weights(), gathered once per generate (default: gathered now)."""
+        cur_len = prefix_ids.shape[1]
+        slots = self.backbone_slots(n if reach is None else reach)
+        anchor = prefix_ids[:, -1:].to(self.device)
+        masks = torch.full((1, slots - 1), self.config.mask_token_id, dtype=torch.long, device=self.device)
+        positions = torch.arange(cur_len - 1, cur_len - 1 + slots, device=self.device)[None]
+        h = self.backbone(self.embed(torch.cat([anchor, masks], dim=-1)), positions, context_kv)[0, :n]
+        vocab, lm_rows, w2_rows = weights if weights is not None else self.draft_weights()
+        block = draft_block(self.base_logits(h, lm_rows), h, anchor[0, 0], self.head, self.confidence, prefix_ids,
+                            processor, do_sample, vocab=vocab, w2=w2_rows, vocab_size=self.config.vocab_size)
+        if self.confidence is not None:
+            block.confidences = self.confidence_probs(block.conf_logits).cpu()
+        return block
 
     def confidence_probs(self, conf_logits: torch.Tensor) -> torch.Tensor:
         """Raw confidence logits [..., γ] → calibrated survival c_k = σ(z_k / T_k) [..., γ]."""

@@ -3,15 +3,28 @@
 The backbone drafts all γ positions in parallel; a sequential head then adds a bias B_k to each
 position's base logits U_k that depends on the previous draft token(s), so later positions condition
 on earlier ones. Every q_k stays an exact softmax, which keeps rejection sampling lossless.
+
+The choice between the Triton kernels (kernels/dspark_kernels) and this PyTorch code is made here, once:
+`draft_block` and `fuse_context` are what the drafter calls.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+try:  # kernels/dspark_kernels (docs/kernels.md); without it the PyTorch code runs everywhere
+    from dspark_kernels import dispatch as kernels
+except ModuleNotFoundError as e:
+    if e.name != "dspark_kernels":
+        raise
+    kernels = None
 
 
 class _LowRank(nn.Module):
@@ -130,11 +143,13 @@ def build_head(config) -> nn.Module | None:
 @dataclass
 class DraftBlock:
     """One round's draft. tokens [n] long; logits [n, V] float32, the exact (processed) logits each token was
-    drawn from, so q_k = softmax(logits[k]); conf_logits [n] float32 raw confidence logits (uncalibrated)."""
+    drawn from, so q_k = softmax(logits[k]); conf_logits [n] float32 raw confidence logits (uncalibrated);
+    confidences [n] the calibrated c_k on the CPU (set by DSparkDrafter.draft; None without a confidence head)."""
 
     tokens: torch.Tensor
     logits: torch.Tensor
     conf_logits: torch.Tensor
+    confidences: torch.Tensor | None = None
 
 
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -201,3 +216,68 @@ def sequential_draft(
             seq = torch.cat([seq, x.view(1, 1).to(seq.device)], dim=-1)
     conf = torch.cat(confs) if confs else torch.zeros(n)
     return DraftBlock(torch.cat(tokens), torch.cat(logits), conf)
+
+
+# ---- kernel or PyTorch ---------------------------------------------------------------------------------------
+def kernel_plan(head, confidence, processor) -> dict | str:
+    """The Markov kernel's settings {temperature, top_k} for a draft, or a string saying why the reference must
+    run: the tokens must be drawn from exactly the logits handed to transformers' rejection sampler, and only the
+    reference applies arbitrary processors and heads."""
+    if head is not None and type(head) is not MarkovHead:
+        return f"head {type(head).__name__}"
+    if confidence is not None and (type(confidence) is not ConfidenceHead or confidence.proj.out_features != 1):
+        return f"confidence head {type(confidence).__name__}"
+    temperature = top_k = None
+    if processor is not None and not isinstance(processor, list):
+        return f"logits processor {type(processor).__name__}"
+    for p in processor or ():
+        # transformers' order: temperature, then top-k; anything else (penalties, top-p, ...) needs the reference
+        if type(p) is TemperatureLogitsWarper and temperature is None and top_k is None:
+            temperature = float(p.temperature)
+        elif (type(p) is TopKLogitsWarper and top_k is None and p.filter_value == -math.inf
+              and p.top_k <= kernels.MAX_TOP_K):
+            top_k = int(p.top_k)
+        else:
+            return f"logits processor {type(p).__name__}"
+    return {"temperature": temperature, "top_k": top_k}
+
+
+def draft_block(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample,
+                vocab=None, w2=None, vocab_size=None, backend: str | None = None) -> DraftBlock:
+    """sequential_draft's arguments and DraftBlock, on the fused Markov kernel when `kernels.use_kernels` says so
+    (`backend`: "auto" | "triton" | "torch", default HF_DSPARK_KERNELS; docs/kernels.md) and the draft's settings
+    allow it (kernel_plan), else sequential_draft.
+    The kernel samples with Gumbel noise from torch's generator: a different stream than the reference's one
+    uniform per token (draw), the same distribution, and the returned logits are exactly the ones sampled from."""
+    args = (base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample)
+    if kernels is None or not kernels.use_kernels(base_logits, backend):
+        return sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=vocab_size)
+    plan = kernel_plan(head, confidence, processor)
+    if isinstance(plan, str):
+        if (backend or kernels.backend()) == "triton":
+            kernels.warn_once(plan)
+        return sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=vocab_size)
+    n, vd = base_logits.shape
+    w1 = head.W1.weight if head is not None else None
+    if head is not None and w2 is None:
+        w2 = head.W2.weight
+    conf_w = conf_b = None
+    if confidence is not None:
+        proj = confidence.proj
+        conf_w = proj.weight.reshape(-1)
+        conf_b = proj.bias if proj.bias is not None else conf_w.new_zeros(1)
+    uniforms = torch.rand(n, vd, device=base_logits.device) if do_sample else None
+    tokens, logits, conf = kernels.markov_draft(
+        base_logits, anchor, w1, w2 if head is not None else None, hidden, conf_w, conf_b, vocab,
+        vocab_size or vd, uniforms=uniforms, **plan,
+    )
+    return DraftBlock(tokens, logits, conf if conf is not None else torch.zeros(n))
+
+
+def fuse_context(features: torch.Tensor, fc: nn.Linear, norm: nn.Module, backend: str | None = None) -> torch.Tensor:
+    """features [B, n, m·d] → norm(fc(features)) [B, n, d]: the fused kernel for a bias-free fc followed by a
+    LlamaRMSNorm when `kernels.use_kernels` says so (`backend` as in draft_block), else the modules themselves."""
+    if (kernels is not None and kernels.use_kernels(features, backend) and fc.bias is None
+            and type(norm) is LlamaRMSNorm):
+        return kernels.context_fusion(features, fc.weight, norm.weight, norm.variance_epsilon)
+    return norm(fc(features.to(fc.weight.dtype)))

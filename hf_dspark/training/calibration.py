@@ -1,4 +1,4 @@
-"""`hf-dspark calibrate`: sequential temperature scaling (STS) of the confidence head (§4.3).
+"""Sequential temperature scaling (STS) of the confidence head (§4.3), behind `hf-dspark calibrate`.
 
 From rounds of real, fixed-length speculative decoding on held-out prompts we take, per drafted position k,
 the raw confidence logit z_k and the prefix-survival label y_k = 1[first k drafts all accepted]. Position by
@@ -12,12 +12,15 @@ and not past an accepted stop (those carry no label).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .data import check_excluded, done_ids, prompt_of, read_prompts
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
 
@@ -113,9 +116,6 @@ def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 2
 def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int, temperature: float, seed: int = 0):
     """Fixed-length speculative decoding (full γ verified every round, drafter rounds only: the drafter's own
     verify_policy and ngram_drafts are set aside meanwhile) → all rounds of all prompts."""
-    import torch
-    from tqdm.auto import tqdm
-
     rounds = []
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False}
@@ -134,8 +134,6 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
 
 def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed: int, eval_files=()) -> list[str]:
     """Prompts from `files` whose ids are not in any `exclude_data` JSONL (training data), shuffled and cut."""
-    from .data import check_excluded, done_ids, prompt_of, read_prompts
-
     used = {prompt_of(i) for f in exclude_data for i in done_ids(f)}
     prompts = [p for f in files for p in read_prompts(f) if p["id"] not in used]
     check_excluded(prompts, list(eval_files))
@@ -162,61 +160,3 @@ def calibrate(drafter, rounds, plot: str | Path | None = None) -> dict:
     if plot:
         reliability_plot(z, y, valid, ones, temps, plot)
     return report
-
-
-# ---- CLI -----------------------------------------------------------------------------------------------
-def add_parser(subparsers):
-    p = subparsers.add_parser("calibrate", help="fit per-position confidence temperatures (STS) on held-out rounds")
-    p.add_argument("drafter", help="drafter folder; the fitted temperatures are saved into it (or --output)")
-    p.add_argument("prompts", nargs="+", help="held-out prompt JSONL files ({'turns': [...]})")
-    p.add_argument("--exclude-data", nargs="*", default=[], help="training answers (shard folders or JSONL): their prompts are skipped")
-    p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files: refuse overlapping prompts")
-    p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--limit", type=int, default=40, help="number of held-out prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature to calibrate for (0 = greedy)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("-o", "--output", default=None, help="save the calibrated drafter here instead of in place")
-    p.add_argument("--save-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="dtype of the saved weights (auto: as stored in the input checkpoint)")
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args) -> int:
-    import torch
-
-    from ..model.drafter import DSparkDrafter
-    from .trainer import load_target
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok = load_target(args.target)
-    drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
-    if drafter.confidence is None:
-        raise SystemExit("this drafter has no confidence head (head_type 'none'): nothing to calibrate")
-    prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude)
-    rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)
-    out = Path(args.output or args.drafter)
-    out.mkdir(parents=True, exist_ok=True)
-    report = calibrate(drafter, rounds, plot=out / "reliability.png")
-    report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    # Keep the checkpoint's stored dtype (the shipped drafter is bf16): the target's dtype is only for running.
-    stored = args.save_dtype
-    if stored == "auto":
-        stored = json.loads((Path(args.drafter) / "config.json").read_text()).get("dtype")
-    if stored in ("bfloat16", "float16", "float32"):
-        drafter = drafter.to(getattr(torch, stored))
-    if getattr(drafter, "deepspec_source", None):  # never rewrite DeepSpec files: temperatures go beside them
-        from ..model.deepspec import save_calibration
-
-        save_calibration(drafter, out, sampling_temperature=args.temperature)
-    else:
-        drafter.save_pretrained(out)
-    (out / "calibration.json").write_text(json.dumps(report, indent=2))
-    print(f"{report['rounds']} rounds from {len(prompts)} prompts")
-    for k, (b, a, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["temperatures"])):
-        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (T = {t:.3f})")
-    print(f"saved the calibrated drafter to {out}; reliability plot {out / 'reliability.png'}")
-    return 0

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..io.loading import load_default_target
 from .sampler import Job, answer
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -212,38 +214,5 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
 
 def _load(model_path, dtype):
     if model_path is None:
-        from ..io.loading import load_default_target
-
         return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(model_path)
-
-
-# ---- CLI -----------------------------------------------------------------------------------------------
-def add_parser(subparsers):
-    p = subparsers.add_parser("data", help="regenerate training answers with the target itself")
-    p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [prompt]}), each as PATH or PATH:N "
-                   "(N answers per prompt: the first greedy, the rest sampled); gsm8k* files get the eval suffix")
-    p.add_argument("-o", "--output", required=True, help="output shard folder (resumable)")
-    p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files whose prompts must not be used")
-    p.add_argument("--model", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--limit", type=int, default=None, help="plan only the first N shuffled answers")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slots", type=int, default=64, help="rows decoded together (continuous batching)")
-    p.add_argument("--shard-size", type=int, default=1000, help="answers per gzipped shard")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="bf16 is ~2x float32 on a CPU with avx512_bf16; float32 was faster without it (54 vs 26 tok/s)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (use 1 on shared machines)")
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args) -> int:
-    n = run(args.prompts, args.output, args.exclude, args.limit, args.seed, args.slots, args.max_new_tokens,
-            args.temperature, args.top_p, args.dtype, args.threads, args.model, args.shard_size)
-    print(f"wrote {n} responses to {args.output}")
-    return 0

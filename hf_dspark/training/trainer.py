@@ -17,7 +17,10 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..decoding.routing import enable
+from ..io.loading import load_default_target
 from ..model.drafter import DSparkDrafter
 from .anchors import sample_blocks
 from .data import prompt_of, read_answers
@@ -129,13 +132,7 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
 
 def load_target(path: str | None):
     if path is None:
-        from ..io.loading import load_default_target
-
         return load_default_target(dtype=torch.float32)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..decoding.candidate import enable
-
     return enable(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()), AutoTokenizer.from_pretrained(path)
 
 

@@ -4,11 +4,13 @@ with the PyPI package `kernels`; the folder `kernels/` has no __init__.py on pur
 - `markov_draft`: the whole sequential Markov-head draft of one round (γ positions) in γ+1 launches.
 - `context_fusion`: fc projection of the concatenated taps + RMSNorm in 2 launches.
 - `reference`: the PyTorch specification both kernels are tested against (explicit uniforms for sampling).
-- `dispatch`: what hf_dspark calls; picks the kernels or the PyTorch reference (HF_DSPARK_KERNELS).
+- `dispatch`: what hf_dspark calls: whether kernels run (HF_DSPARK_KERNELS) and their lazy entry points.
+
+Tensors in, tensors out: nothing here imports hf_dspark.
 
 Nothing here imports triton at import time: CPU-only installs import this package freely.
 """
 
-from .dispatch import backend, fuse_context, sequential_draft, triton_available
+from .dispatch import backend, triton_available, use_kernels
 
-__all__ = ["backend", "fuse_context", "sequential_draft", "triton_available"]
+__all__ = ["backend", "triton_available", "use_kernels"]

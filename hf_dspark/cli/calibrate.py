@@ -1,0 +1,64 @@
+"""`hf-dspark calibrate`: fit per-position confidence temperatures (STS, training/calibration.py) on held-out
+rounds and save them with the drafter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..model.deepspec import save_calibration
+from ..model.drafter import DSparkDrafter
+from ..training.calibration import calibrate, collect_rounds, holdout_prompts
+from ..training.trainer import load_target
+from . import common
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("calibrate", help="fit per-position confidence temperatures (STS) on held-out rounds")
+    p.add_argument("drafter", help="drafter folder; the fitted temperatures are saved into it (or --output)")
+    p.add_argument("prompts", nargs="+", help="held-out prompt JSONL files ({'turns': [...]})")
+    p.add_argument("--exclude-data", nargs="*", default=[], help="training answers (shard folders or JSONL): their prompts are skipped")
+    p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files: refuse overlapping prompts")
+    common.add_target(p)
+    p.add_argument("--limit", type=int, default=40, help="number of held-out prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature to calibrate for (0 = greedy)")
+    p.add_argument("--seed", type=int, default=0)
+    common.add_threads(p)
+    p.add_argument("-o", "--output", default=None, help="save the calibrated drafter here instead of in place")
+    p.add_argument("--save-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="dtype of the saved weights (auto: as stored in the input checkpoint)")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    common.set_threads(args)
+    model, tok = load_target(args.target)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
+    if drafter.confidence is None:
+        raise SystemExit("this drafter has no confidence head (head_type 'none'): nothing to calibrate")
+    prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude)
+    rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)
+    out = Path(args.output or args.drafter)
+    out.mkdir(parents=True, exist_ok=True)
+    report = calibrate(drafter, rounds, plot=out / "reliability.png")
+    report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    # Keep the checkpoint's stored dtype (the shipped drafter is bf16): the target's dtype is only for running.
+    stored = args.save_dtype
+    if stored == "auto":
+        stored = json.loads((Path(args.drafter) / "config.json").read_text()).get("dtype")
+    if stored in ("bfloat16", "float16", "float32"):
+        drafter = drafter.to(getattr(torch, stored))
+    if getattr(drafter, "deepspec_source", None):  # never rewrite DeepSpec files: temperatures go beside them
+        save_calibration(drafter, out, sampling_temperature=args.temperature)
+    else:
+        drafter.save_pretrained(out)
+    (out / "calibration.json").write_text(json.dumps(report, indent=2))
+    print(f"{report['rounds']} rounds from {len(prompts)} prompts")
+    for k, (b, a, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["temperatures"])):
+        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (T = {t:.3f})")
+    print(f"saved the calibrated drafter to {out}; reliability plot {out / 'reliability.png'}")
+    return 0

@@ -1,0 +1,40 @@
+"""`hf-dspark profile`: measure (or show the cached) device profile for a target + drafter on this device."""
+
+from __future__ import annotations
+
+from ..decoding.profile import format_profile, load_profile, measure_profile, profile_key, profile_path
+from ..io.loading import DTYPES, load_target_and_drafter
+from . import common
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
+    common.add_target(p)
+    common.add_drafter(p, help="drafter folder (default: the shipped drafter; only its shape matters)")
+    common.add_dtype(p)
+    common.add_device(p)
+    common.add_threads(p, help="torch threads (0 = torch's default); part of the key on CPU")
+    p.add_argument("--cache-len", type=int, default=256, help="KV-cache length the forwards run on")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
+    p.add_argument("--output", help="also write the profile JSON here")
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args) -> int:
+    common.set_threads(args)
+    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, DTYPES[args.dtype], args.device)
+    path = profile_path(profile_key(model, drafter))
+    cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
+    if cached is not None and cached.current:
+        profile = cached
+        print(f"cached profile {path} (use --force to re-measure)")
+    else:
+        profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats)
+        profile.save(path)
+        print(f"saved {path}")
+    if args.output:
+        profile.save(args.output)
+    print(format_profile(profile))
+    return 0

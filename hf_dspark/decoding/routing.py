@@ -1,0 +1,217 @@
+"""How `model.generate(..., assistant_model=drafter)` reaches DSparkCandidateGenerator.
+
+This is the only module that knows transformers' assisted-decoding internals. transformers 5.23/5.24
+has no public hook for a custom CandidateGenerator, so `enable(model)` swaps the target's class (once,
+per instance, keeping its name so save_pretrained is unaffected) for one that mixes in
+`DSparkGenerationMixin`. The mixin overrides three private GenerationMixin methods, and only when the
+assistant is a `Drafter` (hf_dspark.model.drafter.DSparkDrafter); every other assistant, and plain decoding,
+go to transformers untouched. `enable` checks those methods' signatures and refuses a transformers whose
+internals differ. Stop strings and custom stopping criteria are made exact here too (StopScanner).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import transformers
+from transformers.generation import GenerationConfig, GenerationMixin
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StoppingCriteria,
+)
+
+from .candidate import DSparkCandidateGenerator
+
+
+class Drafter:
+    """What routing recognises as a DSpark assistant. hf_dspark.model.drafter.DSparkDrafter is the one subclass;
+    the decoding floor only uses the interface it documents there: `config`, `target`, `draft(...)`,
+    `draft_weights()`, `context_kv(...)`, `confidence`, `options` and `last_stats`."""
+
+
+# The private methods we override, with the leading parameters we rely on (checked by `enable`).
+_EXPECTED = {
+    "_get_candidate_generator": (
+        "self", "generation_config", "input_ids", "inputs_tensor", "logits_processor", "model_kwargs",
+        "assistant_model", "target_tokenizer", "assistant_tokenizer",
+    ),
+    "_assisted_decoding": ("self", "input_ids", "logits_processor", "stopping_criteria", "generation_config"),
+    "_validate_generation_mode": ("self", "generation_mode", "generation_config", "generation_mode_kwargs"),
+}
+
+# Assistant options of transformers' own generators that mean nothing to DSpark: refusing them beats ignoring them.
+_FOREIGN_OPTIONS = (
+    "prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp", "speculation_type", "assistant_ensemble_weight",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "assistant_lookbehind", "target_lookbehind",
+)
+
+
+def check_transformers() -> None:
+    for name, params in _EXPECTED.items():
+        method = getattr(GenerationMixin, name, None)
+        got = tuple(inspect.signature(method).parameters)[: len(params)] if method else None
+        if got != params:
+            raise RuntimeError(
+                f"hf_dspark supports transformers 5.23-5.24; transformers {transformers.__version__} changed "
+                f"GenerationMixin.{name} (expected parameters {params}, found {got}). Please report this."
+            )
+
+
+class DSparkGenerationMixin:
+    """Routes `generate(assistant_model=<DSparkDrafter>)` to DSparkCandidateGenerator."""
+
+    _is_dspark_enabled = True
+
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+        drafter = generation_mode_kwargs.get("assistant_model")
+        if isinstance(drafter, Drafter):
+            _validate_request(self, drafter, generation_mode, generation_config, generation_mode_kwargs)
+        return super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
+
+    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs):
+        drafter = kwargs.get("assistant_model")
+        if not isinstance(drafter, Drafter):
+            return super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
+        if input_ids.shape[0] != 1:
+            raise NotImplementedError(f"DSpark decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise NotImplementedError("DSpark does not support padded prompts (attention_mask with zeros)")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            # transformers 5.23/5.24's assisted loop re-feeds the whole prompt on top of a pre-filled cache: its own
+            # assistants (prompt lookup, assistant models) then return wrong tokens silently; we refuse instead
+            raise NotImplementedError(
+                f"a pre-filled cache ({cache.get_seq_length()} positions; prompt caching) is not supported with "
+                "DSpark: transformers' assisted decoding would recompute the prompt on top of it. Pass no cache."
+            )
+        context = self.config.get_text_config().max_position_embeddings
+        if generation_config.max_length > context:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens needs {generation_config.max_length} "
+                f"positions; the target's context is {context}. Shorten the prompt or lower max_new_tokens."
+            )
+        scanner = StopScanner(stopping_criteria, input_ids)
+        if scanner.checks:
+            stopping_criteria.append(scanner)
+            if kwargs.get("streamer") is not None:
+                kwargs["streamer"] = _StoppingStreamer(kwargs["streamer"], scanner, input_ids)
+        out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
+        return scanner.truncate(out)
+
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+        if isinstance(assistant_model, Drafter):
+            return DSparkCandidateGenerator(self, assistant_model, generation_config, logits_processor)
+        return super()._get_candidate_generator(generation_config, input_ids, inputs_tensor, logits_processor,
+                                                model_kwargs, assistant_model, target_tokenizer, assistant_tokenizer)
+
+
+def enable(model):
+    """Make `model.generate(..., assistant_model=drafter)` use DSpark. Idempotent; returns `model`."""
+    if getattr(model, "_is_dspark_enabled", False):
+        return model
+    if not isinstance(model, GenerationMixin):
+        raise ValueError(f"{type(model).__name__} cannot generate; DSpark needs a causal LM target")
+    check_transformers()
+    cls = type(model)
+    model.__class__ = type(cls.__name__, (DSparkGenerationMixin, cls), {"__module__": cls.__module__})
+    return model
+
+
+def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_kwargs) -> None:
+    if mode != GenerationMode.ASSISTED_GENERATION:
+        raise NotImplementedError(
+            f"DSpark supports greedy and sampling decoding only, not {mode.value} "
+            f"(num_beams={gen_config.num_beams}, num_beam_groups={getattr(gen_config, 'num_beam_groups', 1)})"
+        )
+    drafter.config.validate()  # block_size (γ) and friends may have been edited since the drafter was built
+    if drafter._target is not target:
+        raise ValueError(
+            "this drafter is bound to another model; call drafter.bind(model) for the model you generate with"
+        )
+    defaults = GenerationConfig._get_default_generation_params()
+    for name in _FOREIGN_OPTIONS:
+        if getattr(gen_config, name, None) not in (None, defaults.get(name)):
+            raise ValueError(
+                f"generate option `{name}` belongs to transformers' own assistants and is not used by DSpark "
+                "(the block size is drafter.config.block_size)"
+            )
+    if mode_kwargs.get("assistant_tokenizer") is not None:
+        raise ValueError("DSpark drafters share the target's tokenizer: do not pass assistant_tokenizer")
+    if gen_config.cache_implementation is not None:
+        raise NotImplementedError(
+            f"cache_implementation={gen_config.cache_implementation!r}: assisted decoding needs a croppable "
+            "DynamicCache; static/offloaded caches are not supported"
+        )
+
+
+class StopScanner(StoppingCriteria):
+    """Makes stop strings and custom stopping criteria exact under speculation.
+
+    transformers' assisted loop evaluates stopping criteria once per round, on the whole sequence, so a stop
+    that completes inside an accepted block is missed (StopStringCriteria only checks the tail) and the output
+    runs on. This criterion re-evaluates the user's criteria on every prefix a round added, stops the loop at
+    the end of that round, and `truncate` cuts the output right where plain `generate` would have stopped.
+    Decoding up to that point is exact, so the result is identical (greedy) / identically distributed (sampling).
+    EOS and max-length are already exact in the loop; time limits are not per-token and stay round-level.
+    """
+
+    def __init__(self, criteria, prompt_ids: torch.Tensor):
+        self.checks = [c for c in criteria if not isinstance(c, (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria))]
+        self.checked = prompt_ids.shape[1]
+        self.stop_len: int | None = None
+
+    def scan(self, seq: torch.Tensor) -> int | None:
+        while self.stop_len is None and self.checked < seq.shape[1]:
+            self.checked += 1
+            prefix = seq[:, : self.checked]
+            if any(bool(c(prefix, None).any()) for c in self.checks):
+                self.stop_len = self.checked
+        return self.stop_len
+
+    def __call__(self, input_ids, scores, **kwargs):
+        stop = self.scan(input_ids) is not None
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+    def truncate(self, out):
+        if self.stop_len is None:
+            return out
+        if isinstance(out, torch.Tensor):
+            return out[:, : self.stop_len]
+        extra = out.sequences.shape[1] - self.stop_len
+        if extra <= 0:
+            return out
+        out.sequences = out.sequences[:, : self.stop_len]
+        for name in ("scores", "logits", "attentions", "hidden_states"):
+            value = getattr(out, name, None)
+            if value is not None:
+                setattr(out, name, value[: len(value) - extra])
+        cache = getattr(out, "past_key_values", None)
+        if cache is not None and hasattr(cache, "crop"):
+            cache.crop(-extra)
+        return out
+
+
+class _StoppingStreamer:
+    """Forwards tokens to the user's streamer only up to the stop found by the scanner."""
+
+    def __init__(self, streamer, scanner: StopScanner, prompt_ids: torch.Tensor):
+        # generate() has already put the prompt into the user's streamer before decoding starts
+        self.streamer, self.scanner, self.seq = streamer, scanner, prompt_ids.cpu()
+
+    def put(self, value):
+        start = self.seq.shape[1]
+        self.seq = torch.cat([self.seq, value.reshape(1, -1)], dim=-1)
+        stop = self.scanner.scan(self.seq)
+        keep = self.seq.shape[1] if stop is None else max(stop, start)
+        if keep > start:
+            self.streamer.put(self.seq[0, start:keep])
+
+    def end(self):
+        return self.streamer.end()
