@@ -6,8 +6,11 @@ import copy
 
 from transformers import PretrainedConfig
 
-HEAD_TYPES = ("markov", "gated", "rnn", "none")
-LAYER_VARIANTS = ("default", "gemma4")
+from .heads import HEADS
+from .variants import VARIANTS
+
+HEAD_TYPES = tuple(HEADS)
+LAYER_VARIANTS = tuple(VARIANTS)
 
 # Target fields the drafter copies: width, heads, FFN, norms and RoPE must equal the target's
 # because the drafter shares the target's embedding and LM head and taps its residual stream.

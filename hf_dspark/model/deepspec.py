@@ -28,17 +28,19 @@ from transformers.utils import cached_file
 
 from .binding import placement, validate_pair
 from .config import DSparkConfig
+from .heads import HEADS
+from .variants import VARIANTS as LAYER_VARIANTS
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = {"Qwen3DSparkModel": "default", "Gemma4DSparkModel": "gemma4"}  # architectures[0] → layer_variant
+VARIANTS = {v.deepspec_architecture: name for name, v in LAYER_VARIANTS.items()}  # architectures[0] → layer_variant
 _FOREIGN = {
     "Qwen3Eagle3Model": "a DeepSpec Eagle3 drafter (autoregressive, not DSpark)",
     "Gemma4Eagle3Model": "a DeepSpec Eagle3 drafter (autoregressive, not DSpark)",
     "Eagle3DraftModel": "an Eagle3 drafter (autoregressive, not DSpark)",
     "DFlashDraftModel": "a z-lab DFlash drafter (nested dflash_config, no anchor prediction): not supported",
 }
-HEAD_TYPES = {"vanilla": "markov", "gated": "gated", "rnn": "rnn"}  # DeepSpec markov_head_type → our head_type
+HEAD_TYPES = {cls.deepspec_name: name for name, cls in HEADS.items() if cls is not None}  # markov_head_type → ours
 GEMMA_TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
 CALIBRATION_FILE = "dspark_calibration.json"
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -62,18 +64,16 @@ KEY_TABLE: list[tuple[str, str | None, str, str]] = [
     ("layers.{i}.self_attn.q_norm.weight", "layers.{i}.self_attn.q_norm.weight", "h", "always"),
     ("layers.{i}.self_attn.k_norm.weight", "layers.{i}.self_attn.k_norm.weight", "h", "always"),
     ("layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attention_layernorm.weight", "d", "always"),
-    ("layers.{i}.pre_feedforward_layernorm.weight", "layers.{i}.pre_feedforward_layernorm.weight", "d", "gemma4"),
-    ("layers.{i}.post_feedforward_layernorm.weight", "layers.{i}.post_feedforward_layernorm.weight", "d", "gemma4"),
+    ("layers.{i}.pre_feedforward_layernorm.weight", "layers.{i}.pre_feedforward_layernorm.weight", "d", "sandwich"),
+    ("layers.{i}.post_feedforward_layernorm.weight", "layers.{i}.post_feedforward_layernorm.weight", "d", "sandwich"),
     ("layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_proj.weight", "F, d", "always"),
     ("layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.up_proj.weight", "F, d", "always"),
     ("layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down_proj.weight", "d, F", "always"),
-    ("layers.{i}.layer_scalar", "layers.{i}.layer_scalar", "1", "gemma4_optional"),  # missing → 1.0
+    ("layers.{i}.layer_scalar", "layers.{i}.layer_scalar", "1", "sandwich_optional"),  # missing → 1.0
     ("markov_head.markov_w1.weight", "markov_head.markov_w1.weight", "V, r", "markov"),
     ("markov_head.markov_w2.weight", "markov_head.markov_w2.weight", "V, r", "markov"),
-    ("markov_head.gate_proj.weight", "markov_head.gate_proj.weight", "r, d+r", "gated"),
-    ("markov_head.gate_proj.bias", "markov_head.gate_proj.bias", "r", "gated"),
-    ("markov_head.joint_proj.weight", "markov_head.joint_proj.weight", "3*r, 2*r+d", "rnn"),
-    ("markov_head.joint_proj.bias", "markov_head.joint_proj.bias", "3*r", "rnn"),
+    *((f"markov_head.{t}", f"markov_head.{t}", shape, f"head:{name}")  # each head type's own tensors (heads.HEADS)
+      for name, cls in HEADS.items() if cls is not None for t, shape in cls.extra_tensors),
     ("confidence_head.proj.weight", "confidence_head.proj.weight", "1, c", "confidence"),
     ("confidence_head.proj.bias", "confidence_head.proj.bias", "1", "confidence"),
 ]
@@ -248,9 +248,9 @@ class _Dims:
     def present(self, when: str) -> bool:
         c = self.config
         return {"always": True, "shared": True, "v_proj": not c.attention_k_eq_v,
-                "gemma4": c.layer_variant == "gemma4", "gemma4_optional": c.layer_variant == "gemma4",
-                "markov": c.head_type != "none", "gated": c.head_type == "gated", "rnn": c.head_type == "rnn",
-                "confidence": c.confidence_head}[when]
+                "sandwich": LAYER_VARIANTS[c.layer_variant].sandwich,
+                "sandwich_optional": LAYER_VARIANTS[c.layer_variant].sandwich,
+                "markov": c.head_type != "none", "confidence": c.confidence_head}.get(when, when == f"head:{c.head_type}")
 
 
 def expected_keys(config: DSparkConfig) -> dict[str, tuple[str | None, tuple[int, ...], str, str]]:
@@ -274,7 +274,7 @@ def check_keys(header: dict, config: DSparkConfig, where) -> None:
     values = _Dims(config).values()
     legend = ", ".join(f"{k}={values[k]} ({_SYMBOLS[k]})" for k in values)
     missing = {k: f"[{e[2]}] = {list(e[1])}" for k, e in expected.items()
-               if k not in header and e[3] not in ("gemma4_optional", "shared")}
+               if k not in header and e[3] not in ("sandwich_optional", "shared")}
     unexpected = sorted(set(header) - set(expected))
     wrong = {k: f"stored {list(header[k][0])}, config says [{e[2]}] = {list(e[1])}"
              for k, e in expected.items() if k in header and tuple(header[k][0]) != e[1]}

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding, rotate_half
 
 from ..decoding.options import DecodingOptions
 from ..decoding.routing import Drafter, enable
@@ -20,6 +19,7 @@ from . import deepspec
 from .binding import default_mask_token_id, load_strict, placement, validate_pair
 from .config import DSparkConfig
 from .heads import ConfidenceHead, DraftBlock, build_head, draft_block, fuse_context
+from .variants import VARIANTS
 
 
 _NOT_STANDALONE = (
@@ -33,11 +33,6 @@ class _NotEnabledError(RuntimeError):
     """Raised when transformers' stock assistant path touches a drafter: the target was not enabled."""
 
 
-def _norm_class(config: DSparkConfig):
-    """RMSNorm of the layer variant: Llama's (weight applied after the cast back) or Gemma-4's (all in fp32)."""
-    return Gemma4RMSNorm if config.layer_variant == "gemma4" else LlamaRMSNorm
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, heads, n, hd]; cos/sin [B, n, hd]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -47,7 +42,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class DSparkAttention(nn.Module):
     """KV injection: queries come from block slots only; keys/values from [context ; block] with shared W_K/W_V.
 
-    Gemma-4 variant (config.layer_variant): values get a weightless RMSNorm and the attention scale is 1.0 (the
+    Layer variants (variants.py) may give values a weightless RMSNorm and set the attention scale (Gemma-4: 1.0, the
     q/k norms replace h^-1/2); with config.attention_k_eq_v there is no v_proj and values are the raw key projection.
     """
 
@@ -55,17 +50,17 @@ class DSparkAttention(nn.Module):
         super().__init__()
         d, hd = config.hidden_size, config.head_dim
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
-        gemma = config.layer_variant == "gemma4"
+        variant = VARIANTS[config.layer_variant]
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.attention_bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
         if not config.attention_k_eq_v:
             self.v_proj = nn.Linear(d, self.n_kv * hd, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
-        Norm = _norm_class(config)
+        Norm = variant.norm
         norm = (lambda: Norm(hd, eps=config.rms_norm_eps)) if config.qk_norm else nn.Identity
         self.q_norm, self.k_norm = norm(), norm()
-        self.v_norm = Gemma4RMSNorm(hd, eps=config.rms_norm_eps, with_scale=False) if gemma else None
-        self.scale = 1.0 if gemma else None  # None: SDPA's default h^-1/2
+        self.v_norm = variant.value_norm(hd, config.rms_norm_eps) if variant.value_norm else None
+        self.scale = variant.attention_scale  # None: SDPA's default h^-1/2
 
     def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
         B, n, _ = x.shape
@@ -88,17 +83,18 @@ class DSparkAttention(nn.Module):
 
 
 class DSparkLayer(nn.Module):
-    """Pre-norm: h + Attn(norm(h)); h + MLP(norm(h)). Gemma-4 variant (sandwich): h + post(Attn(pre(h)));
+    """Pre-norm: h + Attn(norm(h)); h + MLP(norm(h)). Sandwich variants (Gemma-4): h + post(Attn(pre(h)));
     h + post_ff(MLP(pre_ff(h))); then × layer_scalar (a persistent [1] buffer, 1.0 unless a checkpoint says otherwise)."""
 
     def __init__(self, config: DSparkConfig):
         super().__init__()
-        d, eps, Norm = config.hidden_size, config.rms_norm_eps, _norm_class(config)
+        variant = VARIANTS[config.layer_variant]
+        d, eps, Norm = config.hidden_size, config.rms_norm_eps, variant.norm
         self.input_layernorm = Norm(d, eps=eps)
         self.self_attn = DSparkAttention(config)
         self.post_attention_layernorm = Norm(d, eps=eps)
         self.mlp = LlamaMLP(config)
-        self.sandwich = config.layer_variant == "gemma4"
+        self.sandwich = variant.sandwich
         if self.sandwich:
             self.pre_feedforward_layernorm = Norm(d, eps=eps)
             self.post_feedforward_layernorm = Norm(d, eps=eps)
@@ -136,9 +132,10 @@ class DSparkDrafter(Drafter, PreTrainedModel):
             raise ValueError("DSparkConfig.mask_token_id is not set")
         config.mlp_bias = getattr(config, "mlp_bias", False)
         self.fc = nn.Linear(m * d, d, bias=False)
-        self.hidden_norm = _norm_class(config)(d, eps=config.rms_norm_eps)
+        Norm = VARIANTS[config.layer_variant].norm
+        self.hidden_norm = Norm(d, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(DSparkLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = _norm_class(config)(d, eps=config.rms_norm_eps)
+        self.norm = Norm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         # Module names follow DeepSpec's checkpoints (markov_head.markov_w1, confidence_head.proj, ...).
         self.markov_head = build_head(config)

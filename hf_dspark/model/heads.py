@@ -47,6 +47,9 @@ class _LowRank(nn.Module):
 class MarkovHead(_LowRank):
     """B_k = W2 · W1[x_{k-1}]: a rank-r first-order transition bias. Stateless."""
 
+    deepspec_name = "vanilla"  # DeepSpec's markov_head_type
+    extra_tensors: tuple[tuple[str, str], ...] = ()  # (name under markov_head., shape in config terms) beyond W1/W2
+
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__(vocab_size, rank)
 
@@ -70,6 +73,9 @@ class GatedMarkovHead(_LowRank):
     """B_k = W2 · (g ⊙ W1[x_{k-1}]), g = σ(W_g [h_k ; W1[x_{k-1}]] + b): DeepSpec's code-only `gated` variant.
     Stateless; the gate lets the backbone state h_k scale the transition bias."""
 
+    deepspec_name = "gated"
+    extra_tensors = (("gate_proj.weight", "r, d+r"), ("gate_proj.bias", "r"))
+
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__(vocab_size, rank)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
@@ -87,6 +93,9 @@ class GatedMarkovHead(_LowRank):
 class RNNHead(_LowRank):
     """Gated recurrent bias: s_k = σ(g)⊙s_{k-1} + (1-σ(g))⊙tanh(c), B_k = W2·tanh(o) (from the old state).
     Input order [state ; W1[x_{k-1}] ; h_k], output split (gate, candidate, output), as in DeepSpec."""
+
+    deepspec_name = "rnn"
+    extra_tensors = (("joint_proj.weight", "3*r, 2*r+d"), ("joint_proj.bias", "3*r"))
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__(vocab_size, rank)
@@ -130,14 +139,15 @@ class ConfidenceHead(nn.Module):
         return self.proj(x).squeeze(-1)
 
 
+# The sequential heads by config.head_type. A new head type is one class (pre_bias / step / block, its
+# deepspec_name and extra_tensors) plus one entry here: the config's allowed values, the trainer's --head
+# choices and the DeepSpec key table and head names are derived from this dict. "none" is the DFlash ablation.
+HEADS: dict[str, type[_LowRank] | None] = {"markov": MarkovHead, "gated": GatedMarkovHead, "rnn": RNNHead, "none": None}
+
+
 def build_head(config) -> nn.Module | None:
-    if config.head_type == "markov":
-        return MarkovHead(config.vocab_size, config.markov_rank, config.hidden_size)
-    if config.head_type == "gated":
-        return GatedMarkovHead(config.vocab_size, config.markov_rank, config.hidden_size)
-    if config.head_type == "rnn":
-        return RNNHead(config.vocab_size, config.markov_rank, config.hidden_size)
-    return None
+    cls = HEADS[config.head_type]
+    return cls(config.vocab_size, config.markov_rank, config.hidden_size) if cls is not None else None
 
 
 @dataclass

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..decoding.routing import enable
 from ..io.loading import load_default_target
 from ..model.drafter import DSparkDrafter
+from ..model.heads import HEADS
 from .anchors import sample_blocks
 from .data import prompt_of, read_answers
 from .features import FeatureSource
@@ -281,7 +282,7 @@ def add_parser(subparsers):
     p.add_argument("data", help="JSONL from `hf-dspark data`")
     p.add_argument("-o", "--output-dir", required=True, help="checkpoints (<dir>/drafter), state and metrics")
     p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--head", default="markov", choices=["markov", "rnn", "none"], help="none = DFlash ablation")
+    p.add_argument("--head", default="markov", choices=list(HEADS), help="none = DFlash ablation")
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--taps", type=int, nargs="+", default=None, help="tapped target layers (default: DFlash rule)")
     p.add_argument("--markov-rank", type=int, default=64)
