@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device check for the Triton drafter (issue 6, docs/kernels.md), under 8 minutes on one GPU:
+# Device check for the Triton drafter (docs/kernels.md), under 8 minutes on one GPU:
 #   1. install what is missing (offline: wheels carried in .whl/, see docs/kernels.md)
 #   2. tests/test_kernels.py compiled on the GPU (kernels vs reference, greedy identity, sampling exactness)
 #   3. micro-benchmark: drafter phases and drafter time per generate() round, kernels vs PyTorch

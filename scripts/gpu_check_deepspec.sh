@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CUDA checks for issue 9 (DeepSpec checkpoints on GPU targets): device_map="auto" targets, accelerate-offloaded
+# CUDA checks for DeepSpec checkpoints on GPU targets: device_map="auto" targets, accelerate-offloaded
 # layers, an offloaded LM head (named error), bitsandbytes 8-/4-bit targets (skipped if bitsandbytes is absent).
 # Tiny random targets built from configs, no downloads. Usage: scripts/gpu_check_deepspec.sh  (exit 0 = all passed)
 # On a machine without CUDA the CUDA sections print SKIP (useful to check the script itself).

@@ -1,4 +1,4 @@
-"""Determinism (issue 10): the same seed gives the same sampled output, run to run, on the drafter's kernel path
+"""Determinism: the same seed gives the same sampled output, run to run, on the drafter's kernel path
 (HF_DSPARK_KERNELS=triton; Triton's interpreter on CPU) and on its PyTorch path; and what is equal across paths.
 
 Across the two paths only the deterministic decodes are equal token for token (greedy, top-k = 1). Sampled

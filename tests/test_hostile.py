@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 10) not already covered in tests/test_binding.py (wrong target, missing/unexpected/
+"""Hostile inputs not already covered in tests/test_binding.py (wrong target, missing/unexpected/
 truncated weights, pickle-only folder, mask = EOS, γ in the config) and tests/test_candidate.py (beam search,
 batch > 1, padding, cache_implementation="static", prompt + max_new_tokens past the context, NaN logits):
 each is a named error, or, where transformers' own behaviour is fine, exact."""

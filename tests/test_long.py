@@ -1,4 +1,4 @@
-"""Long generations on a tiny model (issue 10; scripts/long_generation.py is the 4,096-token SmolLM2 version):
+"""Long generations on a tiny model (research/long_generation.py is the 4,096-token SmolLM2 version):
 the drafter's context stays in step with the target's cache at every round, and nothing the drafter keeps
 grows except that context (one row per committed position) and the run's per-round statistics."""
 

@@ -52,7 +52,7 @@ def main(args) -> int:
         stored = json.loads((Path(args.drafter) / "config.json").read_text()).get("dtype")
     if stored in ("bfloat16", "float16", "float32"):
         drafter = drafter.to(getattr(torch, stored))
-    if getattr(drafter, "deepspec_source", None):  # never rewrite DeepSpec files: temperatures go beside them
+    if drafter.deepspec_source:  # never rewrite DeepSpec files: temperatures go beside them
         save_calibration(drafter, out, sampling_temperature=args.temperature)
     else:
         drafter.save_pretrained(out)

@@ -27,7 +27,7 @@ def cmd_profile(args) -> int:
     model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, DTYPES[args.dtype], args.device)
     path = profile_path(profile_key(model, drafter))
     cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
-    if cached is not None and cached.current:
+    if cached is not None:
         profile = cached
         print(f"cached profile {path} (use --force to re-measure)")
     else:

@@ -65,17 +65,11 @@ class DeviceProfile:
     repeats: int
     verify_iqr: list[list[float]] = field(default_factory=list)  # [γ+1] × (p25, p75), for the record
     created: str = ""
-    draft_tokens: int = 0  # drafts per round draft_time was measured with (0: the whole block, older profiles)
+    draft_tokens: int = 0  # drafts per round draft_time was measured with (set by measure_profile)
 
     @property
     def block_size(self) -> int:
         return len(self.verify_time) - 1
-
-    @property
-    def current(self) -> bool:
-        """False for a profile measured before drafting was capped (no draft_tokens): its draft time is a whole
-        block's, too high for the rounds decoding now runs, so it is measured again when found in the cache."""
-        return self.draft_tokens > 0
 
     @property
     def round_overhead(self) -> float:
@@ -173,16 +167,11 @@ def get_profile(target, drafter, measure: bool = True, **measure_kwargs) -> Devi
     key = profile_key(target, drafter)
     path = profile_path(key)
     if path.exists():
-        profile = load_profile(path, expect=key)
-        if profile.current or not measure:
-            return profile
-        logging.get_logger(__name__).warning("Re-measuring the device profile at %s: it predates the drafter's "
-                                             "capped rounds", path)
-    elif not measure:
+        return load_profile(path, expect=key)
+    if not measure:
         raise FileNotFoundError(f"no device profile for {key} at {path}; run `hf-dspark profile`")
-    else:
-        logging.get_logger(__name__).warning("No device profile for %s on %s yet: measuring one (once)", key.model,
-                                             key.device)
+    logging.get_logger(__name__).warning("No device profile for %s on %s yet: measuring one (once)", key.model,
+                                         key.device)
     profile = measure_profile(target, drafter, **measure_kwargs)
     profile.save(path)
     return profile
@@ -306,7 +295,7 @@ def format_profile(profile: DeviceProfile) -> str:
     lines = [
         f"DSpark device profile: {k.model} [{k.dtype}] on {k.device}, torch {k.torch}",
         f"  cache {profile.cache_len} tokens; medians of {profile.repeats} after {profile.warmup} warm-up; "
-        f"drafter {profile.draft_time * 1e3:.2f} ms/round ({profile.draft_tokens or profile.block_size} drafts), "
+        f"drafter {profile.draft_time * 1e3:.2f} ms/round ({profile.draft_tokens} drafts), "
         f"cache roll-back {profile.rollback_time * 1e3:.3f} ms",
         "  drafts  tokens   T(B) ms  p25-p75 ms    T*(B) ms  run as  rounds/s  break-even a_ℓ",
     ]

@@ -73,21 +73,6 @@ def encode_prompt(tok, text: str) -> torch.Tensor:
             if getattr(tok, "chat_template", None) else tok(text, return_tensors="pt")["input_ids"])
 
 
-def output_tokens(row: dict, ids: torch.Tensor, model) -> list[int] | None:
-    """A greedy bench row's new tokens: stored ("tokens"), or for DSpark rows of runs made before outputs were
-    stored, rebuilt from the rounds (the prefill's token, recomputed with `model` as generate did, then each
-    round's committed tokens). None for other rows of such runs."""
-    if "tokens" in row:
-        return row["tokens"]
-    if not row.get("rounds"):
-        return None
-    with torch.no_grad():
-        first = int(model(ids).logits[0, -1].argmax())
-    out = [first] + [t for r in row["rounds"] for t in r["new_tokens"]]
-    assert len(out) == row["new_tokens"], f"prompt {row['prompt']}: the rounds do not rebuild the output"
-    return out
-
-
 def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]], max_new_tokens: int = 256,
               do_sample: bool = False, temperature: float = 1.0, seed: int = 980406, warmup: int = 1,
               check: Callable | None = None, referee=None, tie_tolerance: float = TIE_TOLERANCE) -> dict:

@@ -308,7 +308,7 @@ def write_calibration(folder, temperatures, fc_weight: torch.Tensor, **info) -> 
 def save_calibration(drafter, folder=None, **info) -> Path:
     """Write a DeepSpec-loaded drafter's fitted temperatures to `folder` (default: beside its checkpoint), keyed by
     the checkpoint's own fc.weight bytes. The DeepSpec files themselves are never rewritten."""
-    src = getattr(drafter, "deepspec_source", None)
+    src = drafter.deepspec_source
     if src is None:
         raise ValueError("this drafter was not loaded from a DeepSpec checkpoint: use drafter.save_pretrained")
     fc = _tensor(read_header(weight_files(src))["fc.weight"])

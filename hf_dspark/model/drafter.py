@@ -147,6 +147,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         else:
             self.draft_vocab = None
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
+        self.deepspec_source: str | None = None  # the DeepSpec checkpoint this drafter was loaded from (deepspec.py)
         self.last_stats = None
         # Run-time options, HF-style on the assistant (decoding/options.py): how many drafts to verify, the
         # DeviceProfile the scheduler uses, and whether repeating contexts take free n-gram drafts.

@@ -1,7 +1,7 @@
 """Turn `hf-dspark bench` results into what docs/ keeps: compact JSONs and one plot over several runs.
 
-    python scripts/bench_docs.py out/big_gsm8k/results.json out/big_mbpp/results.json \
-        --compact docs/bench_amd_100x256_{}.json --plot docs/bench_amd_100x256.png
+    python research/bench_docs.py out/big_gsm8k/results.json out/big_mbpp/results.json \
+        --compact docs/results/bench_amd_100x256_{}.json --plot docs/results/bench_amd_100x256.png
 
 --compact writes each run without its per-round rows and output tokens (tens of MB at 100 × 256), keeping one
 row per prompt and method (seconds, new tokens, identity and divergence, rounds, drafted rounds, accepted

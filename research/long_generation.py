@@ -6,8 +6,8 @@ in step with the target (drafter context length == target cache length == sequen
 drafter layer's K/V holds exactly that many rows); and checks that the output equals plain greedy `generate` of
 the same length. Each run (DSpark, plain) happens in its own child process, so RSS numbers start clean.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/long_generation.py              # 4096 tokens (~40-50 min a run, 1 thread)
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/long_generation.py --new 256    # a quick try
+    OMP_NUM_THREADS=1 .venv/bin/python research/long_generation.py              # 4096 tokens (~40-50 min a run, 1 thread)
+    OMP_NUM_THREADS=1 .venv/bin/python research/long_generation.py --new 256    # a quick try
 
 Exit status 0 when every check passes, 1 otherwise. --json PATH also writes the raw samples.
 """

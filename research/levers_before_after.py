@@ -1,6 +1,6 @@
 """Before/after of this round's speed levers, in one process on the same prompts (docs/benchmarks.md).
 
-    .venv/bin/python scripts/levers_before_after.py [--limit 6] [--max-new-tokens 96] [--threads 2] [--out DIR]
+    .venv/bin/python research/levers_before_after.py [--limit 6] [--max-new-tokens 96] [--threads 2] [--out DIR]
 
 "before" is the scheduler as it ran until commit f04bdaf: Algorithm 1's lengths on the same device profile,
 but drafting the whole block (7 backbone slots, 7 LM-head rows and sequential steps) and drafting every round.

@@ -1,6 +1,6 @@
 """Where a DSpark round's time goes on this machine (SmolLM2 + a drafter), phase by phase, medians.
 
-    .venv/bin/python scripts/profile_round.py [--drafter PATH] [--dtype float32] [--threads 2] [--drafts 2]
+    .venv/bin/python research/profile_round.py [--drafter PATH] [--dtype float32] [--threads 2] [--drafts 2]
         [--policy scheduler]
 
 Phases: target decode step (k=1) and verification (k=γ+1) at a 300-token cache; drafter context ingest

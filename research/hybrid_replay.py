@@ -10,14 +10,14 @@ costs the run's plain-like round; a drafter round adds the run's median drafter 
 print their measured ratio next to the simulated one, which checks the model. Estimates, not measurements: the
 chosen policy was then benchmarked for real.
 
-    python scripts/hybrid_replay.py out/big_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl   # ~5 min the first time
+    python research/hybrid_replay.py out/big_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl   # ~5 min the first time
 
 With `--cost-run` the costs come instead from another run's rounds (every DSpark method; a round verifying k
 drafts costs the median of those rounds, lengths with ≤ 20 rounds the profile's T(k+1) plus the offset at 7) and
 `--profile` gives that run's device profile, e.g. the float32 outputs replayed under a bf16 run's costs:
 
-    python scripts/hybrid_replay.py out/big_mbpp/results.json ../shared/data/eval/mbpp.jsonl \
-        --cost-run out/bf16_mbpp/results.json --profile docs/profile_amd_bf16.json
+    python research/hybrid_replay.py out/big_mbpp/results.json ../shared/data/eval/mbpp.jsonl \
+        --cost-run out/bf16_mbpp/results.json --profile docs/results/profile_amd_bf16.json
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.eval.bench import encode_prompt, load_prompts, output_tokens
+from hf_dspark.eval.bench import encode_prompt, load_prompts
 from hf_dspark.io.loading import load_target_and_drafter
 from hf_dspark.decoding.profile import get_profile, load_profile
 from hf_dspark.eval.replay import slot_scores
 from hf_dspark.decoding.scheduler import DraftGate, max_verified, single_stream_length
+from rejudge import output_tokens  # research/rejudge.py: outputs of runs made before the bench stored them
 
 GAMMA = 7
 

@@ -2,7 +2,7 @@
 greedy `hf-dspark bench` results.json, replay the output that generate committed and compare the rounds'
 (accepted, committed) one by one.
 
-    .venv/bin/python scripts/validate_replay.py out/bench_greedy/results.json --ablation out/dflash_pruned \
+    .venv/bin/python research/validate_replay.py out/bench_greedy/results.json --ablation out/dflash_pruned \
         --limit 8 --max-new-tokens 128
 """
 

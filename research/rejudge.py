@@ -1,6 +1,6 @@
 """Re-judge the greedy mismatches of a bf16/fp16 `hf-dspark bench` run with the float32 referee (referee.py).
 
-    python scripts/rejudge.py out/bf16_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl [--tolerance 0.5]
+    python research/rejudge.py out/bf16_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl [--tolerance 0.5]
 
 Rows that carry their output ("tokens") are judged as they are. DSpark rows of runs made before the bench stored
 outputs are rebuilt from their rounds: the prefill's token (recomputed in the run's dtype, as `generate` computed
@@ -15,9 +15,24 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.eval.bench import encode_prompt, load_prompts, output_tokens
-from hf_dspark.io.loading import DTYPES, load_target
+from hf_dspark.eval.bench import encode_prompt, load_prompts
 from hf_dspark.eval.referee import TIE_TOLERANCE, judge_divergence
+from hf_dspark.io.loading import DTYPES, load_target
+
+
+def output_tokens(row: dict, ids: torch.Tensor, model) -> list[int] | None:
+    """A greedy bench row's new tokens: stored ("tokens"), or for DSpark rows of runs made before outputs were
+    stored, rebuilt from the rounds (the prefill's token, recomputed with `model` as generate did, then each
+    round's committed tokens). None for other rows of such runs."""
+    if "tokens" in row:
+        return row["tokens"]
+    if not row.get("rounds"):
+        return None
+    with torch.no_grad():
+        first = int(model(ids).logits[0, -1].argmax())
+    out = [first] + [t for r in row["rounds"] for t in r["new_tokens"]]
+    assert len(out) == row["new_tokens"], f"prompt {row['prompt']}: the rounds do not rebuild the output"
+    return out
 
 
 def main() -> None:
