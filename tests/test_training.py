@@ -188,3 +188,56 @@ def test_accelerate_two_processes_match_single_process(tmp_path):
     assert (a["processes"], b["processes"]) == (1, 2)
     assert len(a["loss"]) == len(b["loss"]) == 4
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5)
+
+
+def test_warm_start_copies_the_named_target_layers():
+    from hf_dspark.training.features import base_model
+    from hf_dspark.training.trainer import TrainConfig, build_drafter
+
+    t = tiny_target()
+    d = build_drafter(t, TrainConfig(data="", output_dir="", num_layers=2, warm_start=[-1, 1]))
+    layers = base_model(t).layers
+    for i, li in enumerate([-1, 1]):
+        ours, theirs = d.layers[i].state_dict(), layers[li].state_dict()
+        assert set(theirs) <= set(ours)
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert not torch.equal(d.layers[0].mlp.up_proj.weight, layers[1].mlp.up_proj.weight)  # layer 0 ← target -1
+    assert torch.equal(d.norm.weight, base_model(t).norm.weight)
+    random_init = build_drafter(t, TrainConfig(data="", output_dir="", num_layers=2))
+    assert not torch.equal(random_init.layers[0].self_attn.q_proj.weight, layers[-1].self_attn.q_proj.weight)
+    with pytest.raises(ValueError, match="outside the target"):
+        build_drafter(t, TrainConfig(data="", output_dir="", num_layers=1, warm_start=[9]))
+    with pytest.raises(ValueError, match="2 target layers for a drafter with 1"):
+        build_drafter(t, TrainConfig(data="", output_dir="", num_layers=1, warm_start=[0, 1]))
+
+
+def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 16, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 2, "save_every": 3, "lr": 3e-3, "max_steps": 6}
+    whole = train(TrainConfig(output_dir=str(tmp_path / "whole"), **kw), target=t, records=recs)["drafter"]
+    train(TrainConfig(output_dir=str(tmp_path / "cut"), time_limit=1e-9, **kw), target=t, records=recs)  # stops at 1
+    assert json.loads((tmp_path / "cut" / "progress.json").read_text())["step"] == 1
+    resumed = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)["drafter"]
+    a, b = whole.state_dict(), resumed.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]  # the curve spans both sessions
+    with pytest.raises(ValueError, match="another run"):
+        train(TrainConfig(output_dir=str(tmp_path / "cut"), **{**kw, "lr": 1e-3}), target=t, records=recs)
+
+
+def test_bf16_training_runs_and_restores_the_target_dtype(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 48)
+    cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=16, batch_size=8,
+                      num_anchors=8, max_steps=150, val_size=8, eval_every=150, save_every=150, lr=3e-3,
+                      precision="bf16")
+    res = train(cfg, target=t, records=recs)
+    assert res["final_val"]["tau_greedy"] > res["history"][0]["tau_greedy"] + 1.0
+    assert t.dtype == torch.float32 and res["drafter"].dtype == torch.float32

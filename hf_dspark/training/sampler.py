@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 ATTENTION = "dspark_grouped_decode"
+BUCKET = 64  # attention widths and prefill widths are rounded up to multiples of this
 
 
 def grouped_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -69,10 +70,14 @@ class _SlotLayer(DynamicLayer):
         n, q = o.n, key_states.shape[-2]
         o.k[self.index][:, :, n : n + q] = key_states
         o.v[self.index][:, :, n : n + q] = value_states
-        return o.k[self.index][:, :, : n + q], o.v[self.index][:, :, : n + q]
+        width = o.width(q)
+        return o.k[self.index][:, :, :width], o.v[self.index][:, :, :width]
 
     def get_seq_length(self) -> int:
         return self.owner.n
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.width(query_length), 0
 
 
 def _buffer(slots, kv_heads, capacity, head_dim, dtype, device, keys: bool) -> torch.Tensor:
@@ -95,13 +100,20 @@ class _SlotCache(DynamicCache):
         self.layer_class_to_replicate = None
         self.n = 0
 
+    def width(self, query_length: int) -> int:
+        """Columns attended this step: `n + q` rounded up to a multiple of `BUCKET` (the extra ones are masked).
+
+        Fixed widths keep the set of matmul shapes small: with a new width every step, oneDNN's primitive cache
+        and the allocator grew the process by ~1 MB a step (an OOM after ~4 minutes at 64 slots)."""
+        return min(self.capacity, -(-(self.n + query_length) // BUCKET) * BUCKET)
+
     @property
     def capacity(self) -> int:
         return self.k[0].shape[2]
 
     def shift(self, drop: int, pad: int = 0, room: int = 0) -> None:
         """Drop `drop` columns on the left, add `pad` empty ones there, and leave `room` free on the right."""
-        cap = max(self.capacity, self.n - drop + pad + room)
+        cap = max(self.capacity, -(-(self.n - drop + pad + room) // BUCKET) * BUCKET)
         for buf, keys in ((self.k, True), (self.v, False)):
             for i, b in enumerate(buf):
                 new = _buffer(b.shape[0], b.shape[1], cap, b.shape[3], b.dtype, b.device, keys)
@@ -195,7 +207,8 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
     def refill(free: list[int]) -> None:
         nonlocal mask, exhausted
         batch = []
-        while len(batch) < len(free) and not exhausted:
+        room = len(free) - len(free) % prefill_batch or len(free)  # whole prefill batches: few distinct shapes
+        while len(batch) < room and not exhausted:
             job = next(todo, None)
             if job is None:
                 exhausted = True
@@ -203,7 +216,7 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
                 batch.append(job)
         if not batch:
             return
-        width = max(len(j.prompt_ids) for j in batch)
+        width = -(-max(len(j.prompt_ids) for j in batch) // 16) * 16
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         pmask = torch.zeros(len(batch), width, dtype=torch.long)
         for i, j in enumerate(batch):
@@ -265,7 +278,7 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
             mask = torch.cat([mask[:, drop:], mask.new_zeros(slots, cache.capacity - (mask.shape[1] - drop))], 1)
             start.sub_(drop)
         mask[:, cache.n] = 1
-        logits = model(input_ids=last[:, None], attention_mask=mask[:, : cache.n + 1], position_ids=pos[:, None],
+        logits = model(input_ids=last[:, None], attention_mask=mask[:, : cache.width(1)], position_ids=pos[:, None],
                        past_key_values=cache, use_cache=True).logits[:, -1].float()
         cache.n += 1
         pos += 1

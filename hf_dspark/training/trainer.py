@@ -25,7 +25,7 @@ from ..model.drafter import DSparkDrafter
 from ..model.heads import HEADS
 from .anchors import sample_blocks
 from .data import prompt_of, read_answers
-from .features import FeatureSource
+from .features import FeatureSource, base_model
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
 
@@ -103,7 +103,7 @@ class TrainConfig:
     block_size: int = 7
     mask_token_id: int | None = None
     batch_size: int = 8  # sequences per optimizer step (global)
-    num_anchors: int = 32  # blocks per sequence per step
+    num_anchors: int = 64  # blocks per sequence per step: the target's features are paid once per sequence
     lr: float = 6e-4
     weight_decay: float = 0.0
     warmup: float = 0.04
@@ -119,6 +119,14 @@ class TrainConfig:
     threads: int | None = None
     log_every: int = 1
     time_limit: float | None = None  # minutes; stop (and save) once the next step would exceed it
+    precision: str = "fp32"  # "bf16": target features in bf16 and the drafter's step under bf16 autocast
+    warm_start: list[int] | None = None  # target layers copied into the drafter's layers (None: random init)
+
+
+# What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
+_SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
+                  "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "precision",
+                  "warm_start")
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
@@ -128,7 +136,30 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
         over["target_layer_ids"] = list(cfg.taps)
     if cfg.mask_token_id is not None:
         over["mask_token_id"] = cfg.mask_token_id
-    return DSparkDrafter.from_target(target, **over)
+    drafter = DSparkDrafter.from_target(target, **over)
+    if cfg.warm_start is not None:
+        warm_start(drafter, target, cfg.warm_start)
+    return drafter
+
+
+_OWN_KEYS = {"self_attn.q_norm.weight", "self_attn.k_norm.weight", "layer_scalar"}  # a target layer may lack them
+
+
+def warm_start(drafter: DSparkDrafter, target, layers: list[int]) -> None:
+    """Copy target decoder layers `layers[i]` into drafter layer i (same module names and shapes: norms,
+    q/k/v/o projections, MLP) and the target's final norm into the drafter's. The drafter's fc/heads stay random,
+    and so do the q/k norms (at 1) where the target has none."""
+    if len(layers) != len(drafter.layers):
+        raise ValueError(f"warm_start names {len(layers)} target layers for a drafter with {len(drafter.layers)}")
+    decoder = base_model(target)
+    n = len(decoder.layers)
+    for i, li in enumerate(layers):
+        if not -n <= li < n:
+            raise ValueError(f"warm_start layer {li} is outside the target's {n} layers")
+        missing, unexpected = drafter.layers[i].load_state_dict(decoder.layers[li].state_dict(), strict=False)
+        if unexpected or set(missing) - _OWN_KEYS:
+            raise ValueError(f"target layer {li} does not fit drafter layer {i}: missing {missing}, unexpected {unexpected}")
+    drafter.norm.load_state_dict(decoder.norm.state_dict())
 
 
 def load_target(path: str | None):
@@ -145,18 +176,26 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16', got {cfg.precision!r}")
+    bf16 = cfg.precision == "bf16"
     acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    # torch.autocast, not accelerate's mixed_precision: that is fixed per process by its AcceleratorState.
+    autocast = lambda: torch.autocast(acc.device.type, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     set_seed(cfg.seed)
     if target is None:
         target, _ = load_target(cfg.target)
     target.requires_grad_(False)
+    target_dtype = target.dtype
     target.to(acc.device)
     pad_id = target.generation_config.pad_token_id or 0
     records = records if records is not None else load_records(cfg.data, cfg.max_length)
     train_recs, val_recs = split(records, cfg.val_size, cfg.seed)
     if not train_recs:
         raise ValueError(f"no training sequences in {cfg.data}")
-    drafter = build_drafter(target, cfg).float().train()
+    drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
+    if bf16:  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 master weights
+        target.to(torch.bfloat16)
     weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
     objective = DraftObjective(drafter)
@@ -172,6 +211,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     state_dir, progress = out / "state", out / "progress.json"
     step = 0
     if progress.exists() and (state_dir / "model.safetensors").exists():
+        _check_same_run(out / "train_config.json", cfg)
         acc.load_state(str(state_dir))
         step = json.loads(progress.read_text())["step"]
         acc.print(f"resumed from {state_dir} at step {step}/{total}")
@@ -182,7 +222,8 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     bar = tqdm(total=total, initial=step, desc="train", disable=not acc.is_main_process)
     t0 = time.perf_counter()
     if step == 0 and cfg.eval_every:
-        history.append({"step": 0, **evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id)})
+        with autocast():
+            history.append({"step": 0, **evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id)})
         _log(acc, out, history[-1], bar)
     start = step
     while step < total:
@@ -200,7 +241,8 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
         f, last = feats(keys, ids, lengths)
         blocks = sample_blocks(ids, mask, lengths, cfg.num_anchors, cfg.block_size,
                                drafter.config.mask_token_id, _generators(keys, cfg.seed, epoch))
-        terms = objective(f, last, blocks)
+        with autocast():
+            terms = objective(f, last, blocks)
         sums, denom = weighted_sums(terms, terms["valid"], weights.decay)
         global_denom = acc.reduce(denom.detach(), "sum").clamp(min=1e-8)
         # DDP averages gradients over processes: scale by their number so the result is Σ/Σ over the global batch.
@@ -216,13 +258,15 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
                **{k_: float(acc.reduce(v.detach(), "sum") / global_denom) for k_, v in sums.items()},
                "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0}
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == total):
-            rec.update(evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id))
+            with autocast():
+                rec.update(evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id))
         history.append(rec)
         if step % cfg.log_every == 0 or "tau_t1" in rec:
             _log(acc, out, rec, bar)
         if step == total or (cfg.save_every and step % cfg.save_every == 0):
             _save(acc, objective, out, step)
     bar.close()
+    target.to(target_dtype)
     final = next((h for h in reversed(history) if "tau_t1" in h), {})
     return {"drafter": acc.unwrap_model(objective).drafter, "history": history, "final_val": final}
 
@@ -248,6 +292,15 @@ def evaluate(objective: DraftObjective, feats: FeatureSource, val_recs: list[dic
     objective.train()
     return {f"val_{k}" if k == "blocks" else k: v for k, v in
             simulated_tau({k: torch.cat(v) for k, v in collected.items()}).items()}
+
+
+def _check_same_run(saved: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a run under another schedule (lr plan, data order, model shape)."""
+    old = json.loads(saved.read_text()) if saved.exists() else {}
+    diff = {k: (old.get(k), getattr(cfg, k)) for k in _SCHEDULE_KEYS if k in old and old[k] != getattr(cfg, k)}
+    if diff:
+        raise ValueError(f"{saved.parent} holds another run (saved vs now: {diff}); resume with the same settings "
+                         "or use a new --output-dir")
 
 
 def _over_time(acc, t0: float, steps_done: int, limit_min: float) -> bool:
@@ -289,7 +342,7 @@ def add_parser(subparsers):
     p.add_argument("--block-size", type=int, default=7)
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=8, help="global sequences per step")
-    p.add_argument("--num-anchors", type=int, default=32, help="blocks per sequence per step")
+    p.add_argument("--num-anchors", type=int, default=64, help="blocks per sequence per step")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=None)
@@ -301,6 +354,11 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--time-limit", type=float, default=None, help="minutes; stop early (saving) when reached")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: features from a bf16 target and the drafter step under bf16 autocast (CPUs with "
+                   "native bf16, GPUs)")
+    p.add_argument("--warm-start", type=int, nargs="+", default=None, metavar="LAYER",
+                   help="initialise drafter layer i from target layer LAYER_i (e.g. the last ones: -2 -1)")
     p.set_defaults(func=main)
     return p
 
