@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device check for the Triton drafter (docs/kernels.md), under 8 minutes on one GPU:
 #   1. install what is missing (offline: wheels carried in .whl/, see docs/kernels.md)
-#   2. tests/test_kernels.py compiled on the GPU (kernels vs reference, greedy identity, sampling exactness)
+#   2. tests/model/test_kernels.py compiled on the GPU (kernels vs reference, greedy identity, sampling exactness)
 #   3. micro-benchmark: drafter phases and drafter time per generate() round, kernels vs PyTorch
 #   4. a short end-to-end generate on the kernel path
 # Prints a summary at the end; logs go to $OUT (or ./gpu_check_logs) when set.
@@ -33,7 +33,7 @@ EOF
 rc=${PIPESTATUS[0]}; status[env]=$([ "$rc" = 0 ] && echo ok || echo FAILED)
 
 # 2. kernel tests, compiled (no interpreter), the slow sampling-exactness test included
-timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py 2>&1 | tee "$LOG/tests.txt"
+timeout 300 $PY -m pytest -q -p no:cacheprovider tests/model/test_kernels.py 2>&1 | tee "$LOG/tests.txt"
 rc=${PIPESTATUS[0]}; status[tests]=$([ "$rc" = 0 ] && echo ok || echo FAILED)
 
 # 3 + 4. micro-benchmark and end-to-end generate (random SmolLM2-135M-shaped target, bf16)

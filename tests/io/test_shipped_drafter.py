@@ -9,7 +9,7 @@ import torch
 from hf_dspark import DSparkDrafter, load_default_drafter, load_default_target
 from hf_dspark.io.loading import DEFAULT_DRAFTER
 
-EVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval" / "gsm8k.jsonl"
+EVAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "eval" / "gsm8k.jsonl"
 # Measured on these two prompts with the shipped file (greedy, 48 new tokens, fp32): τ 2.61 and 1.68, pooled
 # 2.04 (docs/training.md); the previous file (192 answers) got 1.59, an untrained drafter ≈1.0. The floor leaves
 # room for numeric drift, and fails the previous file.

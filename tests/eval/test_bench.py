@@ -57,7 +57,7 @@ def test_every_method_every_field(tmp_path):
 
     # research/bench_docs.py: what docs/ keeps of a run (one row per prompt and method) and the merged plot
     (tmp_path / "results.json").write_text(json.dumps(res, default=str))
-    subprocess.run([sys.executable, str(Path(__file__).parents[1] / "research" / "bench_docs.py"), str(tmp_path / "results.json"), "--compact",
+    subprocess.run([sys.executable, str(Path(__file__).parents[2] / "research" / "bench_docs.py"), str(tmp_path / "results.json"), "--compact",
                     str(tmp_path / "c_{}.json"), "--plot", str(tmp_path / "merged.png")], check=True)
     small = json.loads((tmp_path / "c_set-a_set-b.json").read_text())
     assert small["methods"] == json.loads(json.dumps(res["methods"], default=str))

@@ -1,5 +1,5 @@
-"""Hostile inputs not already covered in tests/test_binding.py (wrong target, missing/unexpected/
-truncated weights, pickle-only folder, mask = EOS, γ in the config) and tests/test_candidate.py (beam search,
+"""Hostile inputs not already covered in tests/model/test_binding.py (wrong target, missing/unexpected/
+truncated weights, pickle-only folder, mask = EOS, γ in the config) and tests/decoding/test_candidate.py (beam search,
 batch > 1, padding, cache_implementation="static", prompt + max_new_tokens past the context, NaN logits):
 each is a named error, or, where transformers' own behaviour is fine, exact."""
 
@@ -14,7 +14,7 @@ from transformers import DynamicCache, StaticCache
 from hf_dspark import DSparkConfig, DSparkDrafter
 from tests.conftest import tiny_target
 from tests.helpers import oracle_drafts
-from tests.test_candidate import PROMPT, drafter_for
+from tests.decoding.test_candidate import PROMPT, drafter_for
 
 
 def saved(model, tmp_path, **kw):
@@ -27,7 +27,7 @@ def saved(model, tmp_path, **kw):
 
 def test_assistant_tokenizer_is_refused(llama, char_tokenizer):
     """A DSpark drafter reads the target's token ids (its embedding and LM head are the target's), so a second
-    tokenizer can only mean a mismatch; a different vocabulary size is refused at bind (tests/test_binding.py)."""
+    tokenizer can only mean a mismatch; a different vocabulary size is refused at bind (tests/model/test_binding.py)."""
     drafter = drafter_for(llama)
     with pytest.raises(ValueError, match="share the target's tokenizer"):
         llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter, tokenizer=char_tokenizer,
@@ -161,7 +161,7 @@ def test_prefilled_cache_is_refused(llama):
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_empty_cache_objects_stay_exact(llama, kind):
     """An empty cache object passed in is fine: a DynamicCache, and a StaticCache (croppable in transformers 5.24;
-    only `cache_implementation="static"` is refused, in tests/test_candidate.py)."""
+    only `cache_implementation="static"` is refused, in tests/decoding/test_candidate.py)."""
     drafter = drafter_for(llama)
     plain = llama.generate(PROMPT, do_sample=False, max_new_tokens=30)
     cache = DynamicCache(config=llama.config) if kind == "dynamic" else StaticCache(config=llama.config, max_cache_len=64)

@@ -10,7 +10,7 @@ from hf_dspark.decoding.profile import DeviceProfile, ProfileMismatchError, prof
 from hf_dspark.decoding.scheduler import _lookahead_length, max_verified
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
-from tests.test_sampling import N, PROMPT, STEPS, setup
+from tests.decoding.test_sampling import N, PROMPT, STEPS, setup
 
 GENTLE = [1.0, 1.5, 1.8, 2.0]  # Θ_1 > Θ_0 iff a_1 > .5: every length 0..3 gets chosen
 COUNTER = [1.0, 2.0, 1 / 0.45, 1 / 0.43]  # the §6.4 curve: only a look-ahead ever verifies anything
@@ -58,7 +58,7 @@ def test_sampling_exact_with_scheduler():
 
 def test_sampling_exact_with_scheduler_and_ngrams():
     """The scheduler, its DraftGate and n-gram drafts (1-grams allowed, so they are frequent) in one run."""
-    from tests.test_sampling import ngram_drafts, ngram_share
+    from tests.decoding.test_sampling import ngram_drafts, ngram_share
 
     model, drafter = scheduled_setup("scheduler")
     exact = exact_distribution(model, PROMPT, STEPS, processors())

@@ -1,14 +1,11 @@
 """`hf-dspark data`: eval-prompt refusal, GSM8K suffix, the job plan, shards that round-trip and resume."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _tiny import tiny_target
+from tests._tiny import tiny_target
 
 from hf_dspark.training.data import (GSM8K_SUFFIX, ShardWriter, check_excluded, done_ids, is_holdout, parse_source,
                                      plan, prompt_of, read_answers, read_prompts)

@@ -1,15 +1,12 @@
 """Continuous batching: greedy rows equal per-prompt `generate`; sampled rows follow the top-p law (G-test)."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _tiny import tiny_target
-from sampling_check import _g_test
+from tests._tiny import tiny_target
+from tests.sampling_check import _g_test
 
 from hf_dspark.training.sampler import Job, answer, sample
 

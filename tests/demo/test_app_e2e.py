@@ -18,7 +18,7 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EVIL = 'Explain <script>alert("pwned")</script> & drafts'
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),

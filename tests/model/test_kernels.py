@@ -1,5 +1,5 @@
 """kernels/dspark_kernels against their PyTorch references. Without CUDA the kernels run in Triton's CPU
-interpreter: run `TRITON_INTERPRET=1 pytest tests/test_kernels.py` (Triton reads it when first imported, and
+interpreter: run `TRITON_INTERPRET=1 pytest tests/model/test_kernels.py` (Triton reads it when first imported, and
 tests/conftest.py imports it through transformers); shapes stay tiny because the interpreter is slow.
 The same file runs compiled on a GPU (scripts/gpu_check.sh)."""
 
@@ -13,7 +13,7 @@ import torch
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
-_KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+_KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 if str(_KERNELS) not in sys.path:  # a checkout whose install predates kernels/ (pyproject should list it)
     sys.path.insert(0, str(_KERNELS))
 
@@ -225,10 +225,10 @@ def test_end_to_end_sampling_runs_on_the_kernel_path(kernel_path, monkeypatch):
 @pytest.mark.skipif(DEVICE == "cpu" and not os.environ.get("HF_DSPARK_SLOW"),
                     reason="~11 min in Triton's CPU interpreter: runs on a GPU (scripts/gpu_check.sh) or with HF_DSPARK_SLOW=1")
 def test_sampling_exactness_on_the_kernel_path(kernel_path):
-    """tests/test_sampling.py's G-test with the kernels drafting (slow in the interpreter; seconds on a GPU)."""
+    """tests/decoding/test_sampling.py's G-test with the kernels drafting (slow in the interpreter; seconds on a GPU)."""
     pytest.importorskip("scipy")
     from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
-    from tests.test_sampling import PROMPT, setup
+    from tests.decoding.test_sampling import PROMPT, setup
 
     model, dr = setup(head="markov")
     exact = exact_distribution(model, PROMPT, 5, processors(temperature=0.7, top_k=4))
