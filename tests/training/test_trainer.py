@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _tiny import target_records, tiny_target
+from tests._tiny import target_records, tiny_target
 
 from hf_dspark.training.anchors import block_mask, candidate_anchors, sample_blocks
 from hf_dspark.training.features import target_features
@@ -174,8 +173,8 @@ def test_resume_continues_from_saved_step(tmp_path):
 
 
 def test_accelerate_two_processes_match_single_process(tmp_path):
-    script = Path(__file__).parent / "_dist_train.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    script = Path(__file__).parents[1] / "_dist_train.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     single, multi = tmp_path / "single.json", tmp_path / "multi.json"
     subprocess.run([sys.executable, str(script), str(single)], check=True, env=env, capture_output=True, timeout=120)
     launcher = Path(sys.executable).parent / "accelerate"
