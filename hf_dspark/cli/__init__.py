@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..training import trainer
-from . import bench, calibrate, data, demo, export, generate, profile, replay
+from . import bench, calibrate, data, demo, export, generate, profile, replay, train
 
-# In `hf-dspark --help` order; `train` keeps its flags beside TrainConfig in training/trainer.py.
-SUBCOMMANDS = (generate, data, profile, trainer, calibrate, export, demo, bench, replay)
+SUBCOMMANDS = (generate, data, profile, train, calibrate, export, demo, bench, replay)  # `hf-dspark --help` order
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..decoding.routing import enable
 from ..io.loading import load_default_target
 from ..model.drafter import DSparkDrafter
-from ..model.heads import HEADS
 from .anchors import sample_blocks
 from .data import prompt_of, read_answers
 from .features import FeatureSource, base_model
@@ -327,44 +326,3 @@ def _save(acc, objective, out: Path, step: int) -> None:
     if acc.is_main_process:
         acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter")  # safetensors
         (out / "progress.json").write_text(json.dumps({"step": step}))
-
-
-# ---- CLI -----------------------------------------------------------------------------------------------
-def add_parser(subparsers):
-    p = subparsers.add_parser("train", help="train a DSpark drafter (runs under `accelerate launch` too)")
-    p.add_argument("data", help="JSONL from `hf-dspark data`")
-    p.add_argument("-o", "--output-dir", required=True, help="checkpoints (<dir>/drafter), state and metrics")
-    p.add_argument("--target", default=None, help="target folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--head", default="markov", choices=list(HEADS), help="none = DFlash ablation")
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--taps", type=int, nargs="+", default=None, help="tapped target layers (default: DFlash rule)")
-    p.add_argument("--markov-rank", type=int, default=64)
-    p.add_argument("--block-size", type=int, default=7)
-    p.add_argument("--mask-token-id", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=8, help="global sequences per step")
-    p.add_argument("--num-anchors", type=int, default=64, help="blocks per sequence per step")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--max-length", type=int, default=512)
-    p.add_argument("--val-size", type=int, default=32)
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--cache-dir", default=None, help="cache target features on disk (small runs, several epochs)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--time-limit", type=float, default=None, help="minutes; stop early (saving) when reached")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                   help="bf16: features from a bf16 target and the drafter step under bf16 autocast (CPUs with "
-                   "native bf16, GPUs)")
-    p.add_argument("--warm-start", type=int, nargs="+", default=None, metavar="LAYER",
-                   help="initialise drafter layer i from target layer LAYER_i (e.g. the last ones: -2 -1)")
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args) -> int:
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
-    res = train(cfg)
-    print(f"final validation: {res['final_val']}; drafter saved to {Path(cfg.output_dir) / 'drafter'}")
-    return 0
