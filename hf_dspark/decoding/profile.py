@@ -43,7 +43,7 @@ class ProfileKey:
     model: str  # the target's name or path (readable; config_hash is what decides)
     config_hash: str  # target config + drafter shape (calibration excluded: it does not change timings)
     dtype: str
-    device: str  # CPU model string and thread count, or the GPU name
+    device: str  # device_name(): CPU model, vendor/family/model, ISA flags, threads; or the GPU name
     torch: str
 
     def slug(self) -> str:
@@ -102,22 +102,58 @@ class DeviceProfile:
 
 
 # ---- keys ------------------------------------------------------------------------------------------------------
-def device_name(device: torch.device | str) -> str:
-    """GPU name, or the CPU model string from /proc/cpuinfo plus torch's thread count (timings scale with it)."""
+# The ISA features that change what a forward costs: native bf16 dot products (avx512_bf16), AMX tiles, AVX-512,
+# AVX2. Two CPUs sold under one name ("AMD EPYC") can differ in exactly these (a Zen 3 has no AVX-512).
+CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict:
+    """What the CPU is, from /proc/cpuinfo (or the text given, for tests): {"name", "vendor", "family", "model",
+    "flags"} with flags the sorted subset of CPU_FLAGS present. Fields missing from the text are ""."""
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block describes the CPU (all cores are one model here)
+            continue
+        k, _, v = line.partition(":")
+        fields.setdefault(k.strip(), v.strip())
+    flags = set(fields.get("flags", fields.get("Features", "")).split())
+    return {
+        "name": fields.get("model name", "") or platform.processor() or platform.machine(),
+        "vendor": fields.get("vendor_id", ""),
+        "family": fields.get("cpu family", ""),
+        "model": fields.get("model", ""),
+        "flags": sorted(f for f in CPU_FLAGS if f in flags),
+    }
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX): only there is bf16 faster than float32."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info(cpuinfo)["flags"]))
+
+
+def device_name(device: torch.device | str, cpuinfo: str | None = None) -> str:
+    """GPU name, or the CPU's model string, vendor/family/model, the ISA flags that matter (CPU_FLAGS) and torch's
+    thread count: everything a CPU timing depends on besides the model, dtype and torch."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type != "cpu":
         return device.type
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu} ({torch.get_num_threads()} threads)"
+    c = cpu_info(cpuinfo)
+    ident = " ".join(x for x in (c["vendor"], c["family"] and f"family {c['family']}",
+                                 c["model"] and f"model {c['model']}") if x)
+    flags = " ".join(c["flags"]) or "no avx2"
+    return f"{c['name']} [{ident + '; ' if ident else ''}{flags}] ({torch.get_num_threads()} threads)"
 
 
 def _config_dict(config, drop=()) -> dict:

@@ -135,3 +135,61 @@ def test_pruned_draft_vocabulary_is_timed_and_keyed(pair):
     drafter.set_draft_vocab(range(16))
     assert profile_key(model, drafter) != full
     assert measure_profile(model, drafter, cache_len=8, warmup=0, repeats=1).draft_time > 0
+
+
+ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 avx avx2 fma
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+"""
+ZEN4 = ZEN3.replace("cpu family\t: 25", "cpu family\t: 25").replace("model\t\t: 1", "model\t\t: 17").replace(
+    "avx2 fma", "avx2 fma avx512f avx512bw avx512_bf16")
+SAPPHIRE = """vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+
+
+def test_cpus_sharing_a_name_never_share_a_profile(pair, monkeypatch):
+    """Two "AMD EPYC"s, one without AVX-512 (Zen 3), one with avx512_bf16 (Zen 4): different device keys."""
+    assert prof.cpu_info(ZEN3) == {"name": "AMD EPYC", "vendor": "AuthenticAMD", "family": "25", "model": "1",
+                                   "flags": ["avx2"]}
+    assert prof.cpu_info(ZEN4)["flags"] == ["avx2", "avx512_bf16", "avx512f"]
+    assert prof.cpu_info(SAPPHIRE)["flags"] == ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"]
+    assert not prof.cpu_has_native_bf16(ZEN3)
+    assert prof.cpu_has_native_bf16(ZEN4) and prof.cpu_has_native_bf16(SAPPHIRE)
+    assert not prof.cpu_has_native_bf16("")  # nothing known: not native
+    names = {prof.device_name("cpu", text) for text in (ZEN3, ZEN4, SAPPHIRE)}
+    assert len(names) == 3 and all(n.startswith(("AMD EPYC [", "Intel(R)")) for n in names)
+    assert "family 25 model 1; avx2]" in prof.device_name("cpu", ZEN3)
+    model, drafter = pair
+    keys = []
+    for text in (ZEN3, ZEN4):
+        monkeypatch.setattr(prof, "_read_cpuinfo", lambda text=text: text)
+        keys.append(profile_key(model, drafter))
+    assert keys[0] != keys[1] and keys[0].slug() != keys[1].slug()
+    assert prof.profile_path(keys[0]) != prof.profile_path(keys[1])
+    # a profile measured on one is refused on the other
+    p = DeviceProfile(key=keys[0], verify_time=[1.0] * 4, draft_time=0.1, rollback_time=0.0, cache_len=8,
+                      warmup=0, repeats=1)
+    path = p.save()
+    with pytest.raises(ProfileMismatchError, match="device"):
+        load_profile(path, expect=keys[1])
+
+
+def test_thread_count_is_part_of_the_key():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = prof.device_name("cpu", ZEN4)
+        torch.set_num_threads(2)
+        assert prof.device_name("cpu", ZEN4) != one
+    finally:
+        torch.set_num_threads(before)
