@@ -69,6 +69,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (ngram.py)
             self.ngrams.extend(input_ids[0, len(self.ngrams.seq):].tolist())
             drafts = self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room))
+            if drafts and not self.verify_policy.should_ngram():  # their gate: they have not been paying
+                self.verify_policy.record_ngram(None)
+                drafts = []
             if drafts:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
                 candidate = torch.cat([input_ids, input_ids.new_tensor([drafts])], dim=-1)
                 return self._send(input_ids, candidate, None, drafts, [], "ngram", t0)
@@ -150,6 +153,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
             accepted += 1
         if p["source"] == "dspark":  # the draft gate judges the drafter; n-gram rounds neither pay nor age it
             self.verify_policy.record(p["drafted"], p["verified"], accepted)
+        else:  # ... they have a gate of their own
+            self.verify_policy.record_ngram(p["verified"], accepted)
         probs = self.observer.target_probs
         self.stats.new_tokens = input_ids.shape[1] - self.stats.prompt_tokens
         self.stats.add(Round(

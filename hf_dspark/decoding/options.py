@@ -5,7 +5,9 @@ also exposes each field as an attribute (`drafter.verify_policy = "scheduler"`, 
 `drafter.device_profile = profile`). The command line's text forms are parsed here, once:
 
     DecodingOptions.parse("scheduler+ngram")  →  DecodingOptions(verify_policy="scheduler", ngram_drafts=True)
-    DecodingOptions.parse("threshold:0.5")    →  verify_policy ("threshold", 0.5);  "3" → 3;  "all" → "all"
+    DecodingOptions.parse("all")              →  DecodingOptions(verify_policy="all", ngram_drafts=False)
+    DecodingOptions.parse("threshold:0.5")    →  verify_policy ("threshold", 0.5);  "3" → 3;  "auto" → "auto"
+    (a parsed text has n-gram drafts only with "+ngram"; DecodingOptions() itself is the default, "auto" + n-gram)
 
 What each policy means, and its validation at generate(): verify_policy.py.
 """
@@ -22,17 +24,20 @@ Policy = Union[str, int, tuple, Callable]  # "all" | "scheduler" | k | ("thresho
 
 @dataclass
 class DecodingOptions:
-    """verify_policy: how many drafts to verify per round (default "all"); ngram_drafts: rounds whose last tokens
-    occurred before take free n-gram drafts instead (ngram.py); device_profile: the DeviceProfile the scheduler uses
-    (None = the cached one for this target/device, measured once)."""
+    """verify_policy: how many drafts to verify per round (default "auto": the scheduler and its draft gate on this
+    device's measured profile, verify_policy.py); ngram_drafts: rounds whose last tokens occurred before take free
+    n-gram drafts instead (ngram.py; default on); device_profile: the DeviceProfile the scheduler uses (None = the
+    cached one for this target/device, measured once). The defaults are the best lossless configuration this
+    package knows; "all" (verify every draft, no gate) stays available and can be slower than plain generate."""
 
-    verify_policy: Policy = "all"
-    ngram_drafts: bool = False
+    verify_policy: Policy = "auto"
+    ngram_drafts: bool = True
     device_profile: DeviceProfile | None = None
 
     @classmethod
     def parse(cls, text: str) -> "DecodingOptions":
-        """'all' | 'scheduler' | an int k | 'threshold:T', with an optional '+ngram' suffix → DecodingOptions."""
+        """'auto' | 'all' | 'scheduler' | an int k | 'threshold:T', with an optional '+ngram' suffix →
+        DecodingOptions (n-gram drafts only with the suffix)."""
         policy = text.strip()
         ngram = policy.endswith("+ngram")
         policy = policy.removesuffix("+ngram")

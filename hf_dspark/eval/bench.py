@@ -227,12 +227,12 @@ def plot(res: dict, path: Path) -> None:
 
 
 def policy_name(policy, ngram: bool = False) -> str:
-    """The method name of DSpark under a verify policy: dspark, dspark+scheduler, dspark-k3, dspark-threshold-0.5;
-    with n-gram drafts (drafter.ngram_drafts) a "+ngram" suffix."""
+    """The method name of DSpark under a verify policy: dspark, dspark+auto (the default policy), dspark+scheduler,
+    dspark-k3, dspark-threshold-0.5; with n-gram drafts (drafter.ngram_drafts) a "+ngram" suffix."""
     if policy == "all":
         name = "dspark"
-    elif policy == "scheduler":
-        name = "dspark+scheduler"
+    elif policy in ("scheduler", "auto"):
+        name = f"dspark+{policy}"
     elif isinstance(policy, tuple):
         name = f"dspark-threshold-{policy[1]:g}"
     else:

@@ -7,6 +7,8 @@ from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStr
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding.candidate import DSparkCandidateGenerator
+from hf_dspark.decoding.options import DecodingOptions
+from hf_dspark.decoding.profile import DeviceProfile, profile_key
 from tests.conftest import tiny_target
 from tests.helpers import oracle_drafts
 
@@ -15,9 +17,21 @@ PROMPT = torch.tensor([[5, 17, 3, 42, 8, 11]])
 
 
 def drafter_for(model, head="markov", **kw):
+    """A drafter under "all", no n-grams: most tests here are about the round mechanics of verify-all."""
     torch.manual_seed(1)
-    return DSparkDrafter.from_target(model, block_size=BLOCK, target_layer_ids=[0, 2], head_type=head,
-                                     markov_rank=8, **kw)
+    drafter = DSparkDrafter.from_target(model, block_size=BLOCK, target_layer_ids=[0, 2], head_type=head,
+                                        markov_rank=8, **kw)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)
+    return drafter
+
+
+def with_default_options(model, drafter):
+    """The library's default options (DecodingOptions()) on a profile where drafting can pay (a gentle cost curve,
+    no fixed cost), so the default's drafter rounds, n-gram rounds and gates all run."""
+    profile = DeviceProfile(key=profile_key(model, drafter), verify_time=[1.0, 1.1, 1.2, 1.3, 1.4][: BLOCK + 1],
+                            draft_time=0.0, rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
+    drafter.options = DecodingOptions(device_profile=profile)
+    return drafter
 
 
 def assert_identical(model, drafter, oracle=True, **gen):
@@ -34,9 +48,12 @@ def assert_identical(model, drafter, oracle=True, **gen):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("head", ["markov", "rnn", "none"])
 @pytest.mark.parametrize("max_new", [1, 2, BLOCK - 1, BLOCK, BLOCK + 1, 40])
-def test_greedy_identity(family, head, max_new):
+@pytest.mark.parametrize("options", ["all", "default"])
+def test_greedy_identity(family, head, max_new, options):
     model = tiny_target(family)
     drafter = drafter_for(model, head)
+    if options == "default":
+        with_default_options(model, drafter)
     assert_identical(model, drafter, max_new_tokens=max_new)
     if max_new > 2:
         hist = drafter.last_stats.acceptance_histogram

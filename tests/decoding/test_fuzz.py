@@ -48,7 +48,7 @@ def cases(draw):
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=12))
     return dict(family=family, layers=layers, vocab=vocab, heads=heads, kv=kv, drafter=drafter, eos=eos,
                 gen=gen, policy=policy, prune=prune, prompt=prompt, p_right=draw(st.sampled_from([0.3, 0.7, 0.95])),
-                seed=draw(st.integers(0, 3)))
+                seed=draw(st.integers(0, 3)), ngram=draw(st.booleans()))
 
 
 def build(c):
@@ -59,7 +59,7 @@ def build(c):
     mask = next(i for i in range(c["vocab"] - 1, -1, -1) if i not in special)
     torch.manual_seed(c["seed"])
     drafter = DSparkDrafter.from_target(model, mask_token_id=mask, **c["drafter"])
-    drafter.verify_policy = c["policy"]
+    drafter.verify_policy, drafter.ngram_drafts = c["policy"], c["ngram"]
     if c["prune"]:
         drafter.set_draft_vocab(list(range(0, c["vocab"], 2)))
     return model, drafter, torch.tensor([c["prompt"]])

@@ -5,6 +5,7 @@ grows except that context (one row per committed position) and the run's per-rou
 import torch
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.decoding.candidate import DSparkCandidateGenerator
 from tests.conftest import tiny_target
 from tests.helpers import oracle_drafts
@@ -33,6 +34,7 @@ def test_long_generation_keeps_the_drafter_in_step(monkeypatch):
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=BLOCK, target_layer_ids=[0, 1], head_type="markov",
                                         markov_rank=4)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)  # every round drafts the whole block
     drafter_state = {k: v.clone() for k, v in drafter.state_dict().items()}
     prompt = torch.tensor([[3, 9, 27, 17, 51]])
     rounds = []

@@ -15,6 +15,7 @@ import torch
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding import candidate
 from hf_dspark.decoding.ngram import NgramIndex
+from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.model import drafter as drafter_mod
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
@@ -28,6 +29,7 @@ def setup(head="markov", block=3, seed=0, draft_vocab=None):
     torch.manual_seed(seed + 1)
     drafter = DSparkDrafter.from_target(model, block_size=block, target_layer_ids=[0, 1], head_type=head,
                                         markov_rank=4, mask_token_id=V - 1)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)  # these cases are about every head under "all"
     if draft_vocab is not None:
         drafter.set_draft_vocab(draft_vocab)
     if drafter.head is not None:  # a strong sequential bias, so q differs a lot from the base logits

@@ -122,7 +122,7 @@ def test_lookahead_negative_control(name, policy, curve, lossless):
 
 
 @pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
-@pytest.mark.parametrize("policy", ["scheduler", 0, 1, ("threshold", 0.5)])
+@pytest.mark.parametrize("policy", ["auto", "scheduler", 0, 1, ("threshold", 0.5)])
 def test_greedy_identity_with_verify_policies(policy, ngram):
     model = tiny_target()
     torch.manual_seed(1)
@@ -139,12 +139,14 @@ def test_greedy_identity_with_verify_policies(policy, ngram):
     if policy == 0:
         assert set(st.verify_lengths) == {0}
     # no more drafts are computed than the policy can ever verify (static k: k; the scheduler: max_verified)
-    cap = {"scheduler": max_verified(drafter.device_profile.verify_time), 0: 0, 1: 1}.get(policy, 4)
+    reach = max_verified(drafter.device_profile.verify_time)
+    cap = {"auto": reach, "scheduler": reach, 0: 0, 1: 1}.get(policy, 4)
     assert max(r.drafted for r in st.rounds if r.source == "dspark") == cap
     # n-gram drafts: all of them up to the static k, the scheduler's bound for free drafts, else γ
     lookups = [r.drafted for r in st.rounds if r.source == "ngram"]
     assert bool(lookups) == (ngram and policy != 0)
-    assert max(lookups, default=0) <= {"scheduler": max_verified(drafter.device_profile.verify_time, 0.0)}.get(policy, cap)
+    free = max_verified(drafter.device_profile.verify_time, 0.0)
+    assert max(lookups, default=0) <= {"auto": free, "scheduler": free}.get(policy, cap)
 
 
 def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
@@ -156,7 +158,7 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     spread_confidence(drafter)
     drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
     drafter.device_profile.draft_time = 5.0
-    drafter.verify_policy = "scheduler"
+    drafter.verify_policy, drafter.ngram_drafts = "scheduler", False  # the drafter's gate alone first
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=60)
     spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
@@ -168,9 +170,10 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     # n-gram rounds neither pay for the drafter nor age the gate's history: only drafter rounds reach it
     from hf_dspark.decoding.scheduler import DraftGate
 
-    calls = []
+    calls = []  # the drafter rounds' gate (overhead: the 5 s drafter); n-gram rounds have a gate of their own
     real_record = DraftGate.record
-    monkeypatch.setattr(DraftGate, "record", lambda self, *a: (calls.append(a), real_record(self, *a))[1])
+    monkeypatch.setattr(DraftGate, "record",
+                        lambda self, *a: (self.draft_time == 5.0 and calls.append(a), real_record(self, *a))[1])
     drafter.ngram_drafts = True
     spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
     assert spec.tolist() == plain.tolist()
@@ -211,3 +214,80 @@ def test_bad_policy_is_an_error():
     drafter.verify_policy = "sometimes"
     with pytest.raises(ValueError, match="verify_policy"):
         model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
+
+
+def test_sampling_exact_with_the_default_options():
+    """What a user gets without setting anything (DecodingOptions(): "auto" + n-gram drafts, both gates) follows
+    the target's law; drafter rounds and n-gram rounds both carry the test."""
+    from hf_dspark.decoding.options import DecodingOptions
+    from tests.decoding.test_sampling import ngram_drafts, ngram_share
+
+    model, drafter = setup(head="markov")
+    spread_confidence(drafter)
+    drafter.options = DecodingOptions(device_profile=synthetic_profile(model, drafter, GENTLE))
+    assert (drafter.verify_policy, drafter.ngram_drafts) == ("auto", True)
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    with ngram_drafts(drafter, 1):
+        samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
+        assert ngram_share(model, drafter) > 0.25
+    assert any(r.source == "dspark" and r.drafted for r in drafter.last_stats.rounds)
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"default options: samples deviate from the target's law (p={p:.2e})"
+
+
+def test_auto_without_a_confidence_head_verifies_the_profiles_reach_behind_the_gate():
+    """"auto" on a drafter without a confidence head (where "scheduler" is refused): a static length, the most
+    the scheduler could verify on the profile, and the same draft gate; greedy output stays plain's."""
+    from hf_dspark.decoding.verify_policy import VerifyPolicy
+
+    model = tiny_target()
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8,
+                                        confidence_head=False)
+    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    policy = VerifyPolicy("auto", drafter, model)
+    reach = max_verified(drafter.device_profile.verify_time)
+    assert policy.gate is not None and policy.ngram_gate is not None and not policy.needs_confidence
+    assert policy.max_drafts == reach and policy.length(None, 4) == reach and policy.length(None, 1) == 1
+    with pytest.raises(ValueError, match="confidence head"):
+        VerifyPolicy("scheduler", drafter, model)
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
+    assert model.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter).tolist() == plain.tolist()
+    assert max(r.drafted for r in drafter.last_stats.rounds if r.source == "dspark") == reach
+
+
+def test_ngram_gate_falls_back_to_plain_steps_when_lookups_do_not_pay(monkeypatch):
+    """N-gram drafts that are always wrong (each token shifted by one) cost a longer forward and commit nothing
+    more: under the default options their gate must stop taking them (probing at doubling intervals), and the
+    output stays plain's. Under "all" (no gate) every such round takes them: the control."""
+    from hf_dspark.decoding import candidate
+    from hf_dspark.decoding.ngram import NgramIndex
+
+    vocab = 64
+
+    class WrongIndex(NgramIndex):
+        def __init__(self, **kw):
+            super().__init__(min_ngram=1)
+
+        def draft(self, num):
+            return [(t + 1) % vocab for t in super().draft(num)]
+
+    monkeypatch.setattr(candidate, "NgramIndex", WrongIndex)
+    model = tiny_target(vocab=vocab)
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
+    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    drafter.device_profile.draft_time = 50.0  # and the drafter never pays either: plain steps are what is left
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=60)
+    counts = {}
+    for policy in ("auto", "all"):
+        drafter.verify_policy = policy
+        spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
+        assert spec.tolist() == plain.tolist()
+        st = drafter.last_stats
+        counts[policy] = (st.ngram_rounds, len(st.rounds))
+    ngram_auto, rounds_auto = counts["auto"]
+    assert 1 <= ngram_auto <= 8 and rounds_auto >= 50, counts  # the first lookup, then probes 1, 2, 4, ... apart
+    assert counts["all"][0] >= 20, counts  # without the gate the wrong lookups keep coming

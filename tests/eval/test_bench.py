@@ -92,8 +92,8 @@ def test_policy_names():
     from hf_dspark.eval.bench import policy_name
     from hf_dspark import DecodingOptions
 
-    assert [policy_name(DecodingOptions.parse(t).verify_policy) for t in "all,scheduler,3,threshold:0.5".split(",")] == [
-        "dspark", "dspark+scheduler", "dspark-k3", "dspark-threshold-0.5"]
+    assert [policy_name(DecodingOptions.parse(t).verify_policy) for t in "all,scheduler,3,threshold:0.5,auto".split(",")] == [
+        "dspark", "dspark+scheduler", "dspark-k3", "dspark-threshold-0.5", "dspark+auto"]
     from hf_dspark.eval.bench import dspark_methods
 
     ms = dspark_methods("scheduler, 2+ngram,all", drafter=None)

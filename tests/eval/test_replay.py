@@ -11,6 +11,7 @@ import torch
 from scipy.stats import chi2_contingency
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.eval.replay import replay, slot_scores, walk
 from tests.conftest import tiny_target
 
@@ -20,6 +21,7 @@ def setup(head="markov", vocab=8, block=4, eos=None, draft_vocab=None, seed=0):
     torch.manual_seed(seed + 1)
     drafter = DSparkDrafter.from_target(model, block_size=block, target_layer_ids=[0, 1], head_type=head,
                                         markov_rank=4, mask_token_id=vocab - 1)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)  # replay replays verify-all rounds
     if draft_vocab is not None:
         drafter.set_draft_vocab(draft_vocab)
     return model, drafter

@@ -31,6 +31,7 @@ from dspark_kernels.markov_draft import markov_draft
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.model import drafter as drafter_mod
 from hf_dspark.model import heads
 from tests.conftest import tiny_target
@@ -111,6 +112,7 @@ def tiny_pair(head="markov", vocab=None):
     model = tiny_target(vocab=48, hidden=16, layers=3, heads=2, kv_heads=1, seed=0, logit_scale=4.0).to(DEVICE)
     torch.manual_seed(1)
     dr = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 1], head_type=head, markov_rank=4)
+    dr.options = DecodingOptions("all", ngram_drafts=False)  # every round goes through the draft kernels
     if vocab is not None:
         dr.set_draft_vocab(vocab)
     with torch.no_grad():  # a strong Markov bias, so a wrong bias would change tokens
