@@ -18,7 +18,7 @@ from ..eval.bench import (
     run_bench,
 )
 from ..eval.referee import TIE_TOLERANCE
-from ..io.loading import DTYPES, load_target, load_target_and_drafter
+from ..io.loading import load_target, load_target_and_drafter
 from ..model.drafter import DSparkDrafter
 from . import common
 
@@ -34,8 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--do-sample", action="store_true")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--prompt-lookup", type=int, default=7, help="prompt_lookup_num_tokens (0 = skip)")
-    p.add_argument("--policies", default="all,scheduler",
-                   help="DSpark verify policies to run, comma separated: all, scheduler, an int k (static length), "
+    p.add_argument("--policies", default="all,auto+ngram",
+                   help="DSpark verify policies to run, comma separated (default: verify-all, the old default, and "
+                        "auto+ngram, the library's default): auto, all, scheduler, an int k (static length), "
                         "threshold:T (static confidence threshold); a '+ngram' suffix (scheduler+ngram) adds "
                         "n-gram drafts (drafter.ngram_drafts)")
     common.add_dtype(p, help="target dtype; below float32 a float32 copy of the target judges greedy mismatches")
@@ -49,7 +50,7 @@ def add_parser(sub) -> None:
 def cmd_bench(args) -> int:
     common.set_threads(args)
     device = common.DEFAULT_DEVICE
-    model, tok, drafter, _ = load_target_and_drafter(args.target, args.drafter, DTYPES[args.dtype], device)
+    model, tok, drafter, _ = load_target_and_drafter(args.target, args.drafter, args.dtype, device)
     # the referee is loaded from the source in float32 (an upcast bf16 copy would be another model), at the first
     # mismatch only
     referee = (None if model.dtype == torch.float32 or args.do_sample

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..io.loading import DTYPES
+from ..io.loading import resolve_dtype
 from ..training import data
 from . import common
 
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
 
 
 def main(args) -> int:
-    dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    dtype = str(resolve_dtype(args.dtype, "cpu")).removeprefix("torch.")
     n = data.run(args.prompts, args.output, args.exclude, args.limit, args.seed, args.slots, args.max_new_tokens,
                  args.temperature, args.top_p, dtype, args.threads, args.model, args.shard_size)
     print(f"wrote {n} responses to {args.output}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..decoding.profile import format_profile, load_profile, measure_profile, profile_key, profile_path
-from ..io.loading import DTYPES, load_target_and_drafter
+from ..io.loading import load_target_and_drafter
 from . import common
 
 
@@ -11,7 +11,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
     common.add_target(p)
     common.add_drafter(p, help="drafter folder (default: the shipped drafter; only its shape matters)")
-    common.add_dtype(p)
+    common.add_dtype(p, default="auto", help="target dtype (auto: as hf-dspark generate picks it)")
     common.add_device(p)
     common.add_threads(p, help="torch threads (0 = torch's default); part of the key on CPU")
     p.add_argument("--cache-len", type=int, default=256, help="KV-cache length the forwards run on")
@@ -24,7 +24,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_profile(args) -> int:
     common.set_threads(args)
-    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, DTYPES[args.dtype], args.device)
+    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, args.dtype, args.device)
     path = profile_path(profile_key(model, drafter))
     cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
     if cached is not None:

@@ -17,7 +17,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    model, tok = load_default_target()
+    model, tok = load_default_target(dtype=torch.float32)  # the dtype the identity claim covers
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, mask_token_id=16, num_hidden_layers=1, markov_rank=16)
     return model, tok, drafter

@@ -35,7 +35,7 @@ def test_shipped_drafter_is_small_bf16_safetensors():
 @pytest.mark.slow  # ≈1 min on one CPU thread: speculative and plain decoding of two prompts
 def test_shipped_drafter_reaches_tau_floor():
     torch.set_num_threads(1)
-    model, tok = load_default_target()
+    model, tok = load_default_target(dtype=torch.float32)  # the dtype the identity claim covers
     drafter = load_default_drafter(model)
     assert isinstance(drafter, DSparkDrafter) and drafter.dtype == model.dtype
     rounds = committed = 0
