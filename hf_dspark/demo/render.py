@@ -229,4 +229,7 @@ CSS = """
 .bars .bar { fill: #4c8bf5; } .bars .dot { fill: #e8710a; } .bars text { font-size: 10px; fill: #444; }
 .bars .val, .bars .lab { text-anchor: middle; } .bars .svg-title { font-size: 11px; } .plots { display: flex; gap: 16px; flex-wrap: wrap; }
 .untrained { background: #fff3cd; border: 1px solid #e0b400; padding: 6px 10px; border-radius: 4px; }
+.quiet-note { color: #777; font-size: 12px; }
+body:has(#fold-drafts input:checked) .dspark-answer .tokens .tok-rejected,
+body:has(#fold-drafts input:checked) .dspark-answer .tokens .tok-trimmed { display: none; }
 """

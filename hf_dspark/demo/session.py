@@ -25,9 +25,9 @@ class Request:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     block: int = 7  # drafts the verifier may see per round (≤ the drafter's γ)
-    scheduler: bool = False
+    scheduler: bool = True  # the library's default policy ("auto": scheduler + draft gate on the device profile)
     head: str = "Markov"
-    ngram: bool = False  # drafter.ngram_drafts: copy drafts from the context where its last tokens repeat
+    ngram: bool = True  # drafter.ngram_drafts (the library's default): copy drafts where the context repeats
 
 
 def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_TOKENS) -> Request:
@@ -46,17 +46,21 @@ def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_T
 def verify_policy(req: Request, drafter, profile_fn=None):
     """(drafter.verify_policy value, readable description, note or '') for the controls.
 
-    Block size below γ verifies at most that many drafts; the scheduler (needs a confidence head) picks ℓ
-    from c_k and may verify fewer. Both rules look only at c_1..c_k, so their min stays lossless."""
+    With the scheduler box and the full block: the library's default policy, "auto" (the scheduler and its draft
+    gate on the device profile; without a confidence head, the profile's reach behind the same gate). Block
+    size below γ verifies at most that many drafts; the scheduler (needs a confidence head) picks ℓ from c_k and
+    may verify fewer. Both rules look only at c_1..c_k, so their min stays lossless."""
     gamma = drafter.config.block_size
+    if req.scheduler and req.block >= gamma:
+        if profile_fn:
+            profile_fn(drafter)  # measured before generate, so not in its timing
+        return "auto", "scheduler + draft gate (default)", ""
     if req.scheduler and drafter.confidence is None:
         note = "this drafter has no confidence head: scheduler off"
-        return ("all" if req.block >= gamma else req.block), f"static ℓ={req.block}", note
+        return req.block, f"static ℓ={req.block}", note
     if not req.scheduler:
         return ("all" if req.block >= gamma else req.block), f"static ℓ={req.block}", ""
     profile = profile_fn(drafter) if profile_fn else None  # measured before generate, so not in its timing
-    if req.block >= gamma:
-        return "scheduler", "scheduler", ""
     if profile is None:
         return req.block, f"static ℓ={req.block}", "no device profile: scheduler off"
     cap = req.block

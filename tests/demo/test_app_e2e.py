@@ -80,6 +80,11 @@ def page(app_url):
 
 
 def test_generate_streams_coloured_tokens_and_stats(page, tmp_path):
+    # the page opens with the library's defaults: scheduler + draft gate and n-gram drafts on, drafts unfolded
+    assert page.locator("#scheduler input[type=checkbox]").is_checked()
+    assert page.locator("#ngram input[type=checkbox]").is_checked()
+    assert not page.locator("#fold-drafts input[type=checkbox]").is_checked()
+    assert page.locator(".untrained").count() <= 1  # the tiny model's one caveat; nothing else shouts
     page.locator("#prompt textarea").fill(EVIL)
     page.locator("#generate-btn").click()
     page.locator("#answer .streaming, #answer .stream-done").first.wait_for(timeout=60_000)
@@ -101,6 +106,26 @@ def test_generate_streams_coloured_tokens_and_stats(page, tmp_path):
     page.screenshot(path=str(tmp_path / "generate.png"), full_page=True)
 
 
+def test_rejected_drafts_fold_away(page):
+    """Verify-all (scheduler off) on the tiny drafter rejects drafts; the fold box hides them, at once and in the
+    answer already shown, leaving the committed tokens; unfolding shows them again."""
+    page.locator("#prompt textarea").fill("The target verifies the block in one pass.")
+    page.locator("#scheduler input[type=checkbox]").uncheck()
+    page.locator("#ngram input[type=checkbox]").uncheck()
+    page.locator("#generate-btn").click()
+    page.locator("#answer .stream-done").wait_for(timeout=180_000)
+    discarded = page.locator("#answer .tokens .tok-rejected, #answer .tokens .tok-trimmed")
+    committed = page.locator("#answer .tokens .tok-accepted, #answer .tokens .tok-target")
+    assert discarded.count() > 0 and discarded.first.is_visible()
+    page.locator("#fold-drafts input[type=checkbox]").check()
+    assert not any(discarded.nth(i).is_visible() for i in range(discarded.count()))
+    assert committed.first.is_visible()
+    page.locator("#fold-drafts input[type=checkbox]").uncheck()
+    assert discarded.first.is_visible()
+    page.locator("#scheduler input[type=checkbox]").check()  # back to the defaults for the next test
+    page.locator("#ngram input[type=checkbox]").check()
+
+
 def test_race_reports_both_speeds_and_greedy_identity(page, tmp_path):
     page.locator("#prompt textarea").fill("The drafter proposes a block of tokens.")
     page.locator("#scheduler input[type=checkbox]").check()  # ℓ chosen from c_k (the device profile is measured once)
@@ -109,7 +134,7 @@ def test_race_reports_both_speeds_and_greedy_identity(page, tmp_path):
     page.locator("#race .dspark-race .identical").wait_for(timeout=180_000)
     race = page.locator("#race").inner_text()
     assert "tok/s" in race and "greedy texts identical ✓" in race, race
-    assert "scheduler + n-gram drafts" in page.locator("#stats").inner_text()
+    assert "scheduler + draft gate (default) + n-gram drafts" in page.locator("#stats").inner_text()
     assert page.dialogs == []
     shot = tmp_path / "race.png"
     page.screenshot(path=str(shot), full_page=True)

@@ -123,13 +123,20 @@ class _Profile:
 
 def test_verify_policy_from_controls():
     d = _Drafter()
-    assert verify_policy(Request("p", block=7), d)[0] == "all"
-    assert verify_policy(Request("p", block=3), d)[0] == 3
-    assert verify_policy(Request("p", block=7, scheduler=True), d)[0] == "scheduler"
+    assert (Request("p").scheduler, Request("p").ngram) == (True, True)  # the library's defaults
+    assert verify_policy(Request("p", block=7), d)[:2] == ("auto", "scheduler + draft gate (default)")
+    assert verify_policy(Request("p", block=7, scheduler=False), d)[0] == "all"
+    assert verify_policy(Request("p", block=3, scheduler=False), d)[0] == 3
+    measured = []
+    assert verify_policy(Request("p", block=7), d, lambda dr: measured.append(dr))[0] == "auto"
+    assert measured == [d]  # the profile is measured before generate, not inside its timing
     capped, desc, _ = verify_policy(Request("p", block=3, scheduler=True), d, lambda _: _Profile())
     assert capped(torch.ones(7)) == 3 and "≤ 3" in desc
-    policy, _, note = verify_policy(Request("p", block=7, scheduler=True), _Drafter(confidence=False))
-    assert policy == "all" and "no confidence head" in note
+    # no confidence head: "auto" still works at the full block (the profile's reach behind the gate) ...
+    assert verify_policy(Request("p", block=7), _Drafter(confidence=False)) == ("auto", "scheduler + draft gate (default)", "")
+    # ... a capped scheduler cannot: static length, said so
+    policy, _, note = verify_policy(Request("p", block=3, scheduler=True), _Drafter(confidence=False))
+    assert policy == 3 and "no confidence head" in note
 
 
 def test_stream_generate_on_a_tiny_target_matches_plain_generate():
@@ -138,6 +145,7 @@ def test_stream_generate_on_a_tiny_target_matches_plain_generate():
 
     t = tiny_target(40)
     d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
+    d.verify_policy, d.ngram_drafts = "all", False  # the drafter's own options, which each run must put back
     ids = torch.tensor([[5, 6, 7, 8]])
     gen = {"max_new_tokens": 12, "do_sample": False}
     *_, p = stream_generate(t, {"input_ids": ids}, gen, drafter=d, policy=3, poll=0.01)
