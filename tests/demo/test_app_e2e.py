@@ -1,11 +1,10 @@
 """End to end in a real browser: app.py (tiny seeded models) on 127.0.0.1, driven by Playwright in Debian's
 Chromium. Skips only when /usr/bin/chromium is absent (CI installs it: apt-get install -y chromium).
 
-HF_DSPARK_UPDATE_SCREENSHOT=1 also copies the screenshot to docs/demo.png (the README's picture).
+The README's picture comes from the real SmolLM2 instead: test_app_smollm2_e2e.py.
 """
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -139,5 +138,3 @@ def test_race_reports_both_speeds_and_greedy_identity(page, tmp_path):
     shot = tmp_path / "race.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
-    if os.environ.get("HF_DSPARK_UPDATE_SCREENSHOT"):
-        shutil.copy(shot, ROOT / "docs" / "demo.png")
