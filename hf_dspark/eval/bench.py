@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-import platform
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,6 +27,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..decoding.options import DecodingOptions
+from ..decoding.profile import cpu_info
 from ..decoding.stats import DSparkStats, Round
 from .referee import TIE_TOLERANCE, judge_divergence
 
@@ -53,10 +54,11 @@ def load_prompts(paths: list[str], limit: int | None) -> list[tuple[str, str]]:
 
 
 def _environment(model) -> dict:
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = cpu_info()  # two CPUs sold under one name differ here (family/model, avx512_bf16, AMX)
     return {
-        "cpu": cpu,
+        "cpu": cpu["name"],
+        "cpu_id": {k: cpu[k] for k in ("vendor", "family", "model", "flags")},
+        "load": os.getloadavg()[0],  # > threads: other work competed for the cores
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -49,7 +49,8 @@ def test_every_method_every_field(tmp_path):
             assert (e["ngram_rounds"] > 0) == (name == "dspark+ngram"), (name, e["ngram_rounds"])
             assert 0 < e["drafted_rounds"] <= e["rounds"]
     assert max(res["methods"]["dspark-k2"]["all"]["verify_lengths"]) <= 2
-    assert {"cpu", "threads", "torch", "transformers", "dtype"} <= set(res["environment"])
+    assert {"cpu", "cpu_id", "load", "threads", "torch", "transformers", "dtype"} <= set(res["environment"])
+    assert set(res["environment"]["cpu_id"]) == {"vendor", "family", "model", "flags"}
     json.dumps(res, default=str)
     assert "dspark" in markdown_table(res)
     plot(res, tmp_path / "plot.png")

@@ -6,6 +6,7 @@ import torch
 from transformers import TextIteratorStreamer
 
 from hf_dspark import DSparkDrafter, load_default_target
+from hf_dspark.decoding.options import DecodingOptions
 from tests.helpers import oracle_drafts
 
 PROMPTS = [
@@ -20,6 +21,7 @@ def smollm2():
     model, tok = load_default_target(dtype=torch.float32)  # the dtype the identity claim covers
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, mask_token_id=16, num_hidden_layers=1, markov_rank=16)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)  # every round drafts: the oracle's drafts are verified
     return model, tok, drafter
 
 

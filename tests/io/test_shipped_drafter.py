@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter, load_default_drafter, load_default_target
+from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.io.loading import DEFAULT_DRAFTER
 
 EVAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "eval" / "gsm8k.jsonl"
@@ -37,6 +38,7 @@ def test_shipped_drafter_reaches_tau_floor():
     torch.set_num_threads(1)
     model, tok = load_default_target(dtype=torch.float32)  # the dtype the identity claim covers
     drafter = load_default_drafter(model)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)  # the floor is the drafter's τ under verify-all
     assert isinstance(drafter, DSparkDrafter) and drafter.dtype == model.dtype
     rounds = committed = 0
     for p in _prompts():
