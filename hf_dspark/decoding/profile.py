@@ -251,6 +251,8 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile
     ids = lambda n: torch.randint(0, vocab, (1, n), generator=gen).to(device)  # noqa: E731
 
     cache = DynamicCache(config=target.config)
+    # as transformers' assisted loop does: sliding-window layers keep their past so crop can roll back past the window
+    cache.activate_past_recording()
     target(ids(cache_len), cache=cache, use_cache=True)
     verify = {k: [] for k in range(1, gamma + 2)}
     rollback = []
