@@ -21,8 +21,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
-    common.add_dtype(p, default="bfloat16", help="bf16 is ~2x float32 on a CPU with avx512_bf16; float32 was "
-                     "faster without it (54 vs 26 tok/s)")
+    common.add_dtype(p, default="auto", help="auto: bf16 where the CPU has native bf16 (~2x float32 there), float32 "
+                     "elsewhere (54 vs 26 tok/s without it); keep one dtype for one answer set")
     common.add_threads(p, help="torch threads (use 1 on shared machines; 0 = torch's default)")
     p.set_defaults(func=main)
 
