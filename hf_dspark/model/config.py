@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 
 from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from .binding import UnsupportedArchitectureError
 
 from .heads import HEADS
 from .variants import VARIANTS
@@ -27,6 +30,28 @@ _COPIED = (
     "max_position_embeddings",
     "attention_bias",
 )
+
+
+def _target_field(tc, name):
+    """tc.<name>, or None if absent. Heterogeneous configs (transformers 5.24 `per_layer_config`, e.g. Gemma-4) refuse
+    global reads of per-layer fields: the drafter then takes the first full-attention layer's value."""
+    try:
+        return getattr(tc, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        if not getattr(tc, "is_heterogeneous", False):
+            raise
+        layers = list(tc.per_layer_config)
+        types = list(getattr(tc, "layer_types", None) or [])
+        full = [cfg for cfg, kind in zip(layers, types) if kind == "full_attention"]
+        return getattr((full or layers)[0], name, None)
+
+
+def drafter_rope(rope):
+    """The drafter's RoPE from the target's: a flat dict as is; per layer type ({"sliding_attention": {...},
+    "full_attention": {...}}, Gemma-3/4, OLMo-3) the full-attention entry (DeepSpec's choice), else the first."""
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        return copy.deepcopy(rope.get("full_attention", next(iter(rope.values()))))
+    return copy.deepcopy(rope)
 
 
 def default_target_layer_ids(num_layers: int, num_taps: int = 5) -> list[int]:
@@ -147,6 +172,11 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"layer_variant must be one of {LAYER_VARIANTS}, got {self.layer_variant!r}")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if type(self.mask_token_id) is not int and self.mask_token_id is not None:
+            raise ValueError(f"mask_token_id must be an int token id, got {self.mask_token_id!r}")
+        if type(self.markov_rank) is not int or self.markov_rank < (1 if self.head_type != "none" else 0):
+            raise ValueError(f"markov_rank must be an int >= 1 for head_type={self.head_type!r}, got {self.markov_rank!r}")
+        self._validate_rope()
         if len(self.confidence_temperatures) != self.block_size:
             raise ValueError(
                 f"confidence_temperatures has {len(self.confidence_temperatures)} entries, "
@@ -160,18 +190,40 @@ class DSparkConfig(PretrainedConfig):
         if ids is not None and (not ids or any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < -1):
             raise ValueError(f"target_layer_ids must be strictly increasing ids >= -1, got {ids}")
 
+    def _validate_rope(self) -> None:
+        rope, types = self.rope_parameters, ("default", *ROPE_INIT_FUNCTIONS)
+        if not isinstance(rope, dict) or rope.get("rope_type", "default") not in types:
+            got = rope.get("rope_type") if isinstance(rope, dict) else rope
+            raise ValueError(f"rope_parameters must be a dict whose rope_type is one of {types}; got {got!r}")
+        theta = rope.get("rope_theta")
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+            raise ValueError(f"rope_parameters needs a positive rope_theta, got {theta!r} in {rope}")
+        self.rope_parameters = {"rope_type": "default", **rope}
+
     @classmethod
     def for_target(cls, target_config, **overrides) -> "DSparkConfig":
-        """A drafter config sized for `target_config` (the text config of any Llama/Qwen3-like causal LM)."""
+        """A drafter config sized for `target_config` (the text config of any attention decoder). Raises
+        UnsupportedArchitectureError for a target without attention heads (state-space / recurrent models)."""
         tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        if _target_field(tc, "num_attention_heads") is None:
+            raise UnsupportedArchitectureError(
+                f"{tc.model_type} has no attention heads (num_attention_heads): DSpark drafts from an attention "
+                "decoder's tapped layers and rolls its KV cache back; state-space / recurrent models are not supported"
+            )
         fields = {}
         for name in _COPIED:
-            value = getattr(tc, name, None)
+            value = _target_field(tc, name)
             if value is not None:
                 fields[name] = copy.deepcopy(value)
+        if "rope_parameters" in fields:
+            fields["rope_parameters"] = drafter_rope(fields["rope_parameters"])
+            fields["rope_parameters"].setdefault("rope_theta", 10000.0)  # optional in 5.x configs; transformers' default
+        if isinstance(fields.get("intermediate_size"), (list, tuple)):  # one width per layer (Gemma-3n): the widest
+            fields["intermediate_size"] = max(fields["intermediate_size"])
+        fields.setdefault("intermediate_size", 4 * tc.hidden_size)  # GPT-2-style configs leave it unset
         if fields.get("head_dim") is None:
-            fields["head_dim"] = tc.hidden_size // tc.num_attention_heads
-        fields.setdefault("num_key_value_heads", tc.num_attention_heads)
+            fields["head_dim"] = tc.hidden_size // fields["num_attention_heads"]
+        fields.setdefault("num_key_value_heads", fields["num_attention_heads"])
         fields["target_model_type"] = tc.model_type
         fields["target_num_hidden_layers"] = tc.num_hidden_layers
         fields["target_layer_ids"] = default_target_layer_ids(tc.num_hidden_layers)

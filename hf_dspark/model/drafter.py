@@ -16,7 +16,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedd
 from ..decoding.options import DecodingOptions
 from ..decoding.routing import Drafter, enable
 from . import deepspec
-from .binding import default_mask_token_id, load_strict, placement, validate_pair
+from .binding import check_architecture, default_mask_token_id, load_strict, placement, validate_pair
 from .config import DSparkConfig
 from .heads import ConfidenceHead, DraftBlock, build_head, draft_block, fuse_context
 from .variants import VARIANTS
@@ -193,6 +193,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
     def from_target(cls, target, **overrides) -> "DSparkDrafter":
         """A fresh, randomly initialised drafter sized for `target` (the start for training and for tests).
         `overrides` are DSparkConfig fields (block_size, num_hidden_layers, head_type, mask_token_id, ...)."""
+        check_architecture(target)  # before sizing: a state-space target has no attention geometry to copy
         if "mask_token_id" not in overrides:
             overrides["mask_token_id"] = default_mask_token_id(target)
         config = DSparkConfig.for_target(target.config, **overrides)
