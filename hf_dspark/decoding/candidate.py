@@ -46,6 +46,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.weights = drafter.draft_weights()  # pruned-vocabulary rows, gathered once
         self.context_kv: list | None = None  # per drafter layer (k, v) [1, n_kv, ctx_len, hd]
         self.ctx_len = 0
+        # prompt positions the target holds but input_ids lacks (a prompt given as inputs_embeds), set at prefill
+        self.offset = 0
         self.unfused: list[torch.Tensor] = []  # tapped features [1, rows, m·d] of positions not in context_kv yet
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
@@ -82,7 +84,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # The backbone runs only the slots the policy can use (reach): more changed no acceptance we measured and
         # each costs time on CPU. The length limit only trims the block, so `replay` stays exact.
         block = self.drafter.draft(self.context_kv, input_ids, n, reach=self.verify_policy.max_drafts,
-                                   processor=self.draft_processor, do_sample=self.do_sample, weights=self.weights)
+                                   processor=self.draft_processor, do_sample=self.do_sample, weights=self.weights,
+                                   offset=self.offset)
         conf = block.confidences  # calibrated c_k [n] on the CPU (one host sync for the policy and the stats)
         length = self.verify_policy.length(conf, n)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
@@ -112,11 +115,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         context K/V (`_fuse`) only when a round drafts, in one batch: rounds without drafts cost nothing here."""
         if self.verify_policy.max_drafts == 0:  # a policy that never drafts needs no context
             return
-        new = input_ids.shape[1] - 1 - self.ctx_len - sum(f.shape[1] for f in self.unfused)
         hs = getattr(model_outputs, "hidden_states", None)
         if hs is None:
             raise RuntimeError("the target returned no hidden states; DSpark needs transformers' output_hidden_states")
         rows = hs[self.taps[0] + 1].shape[1]
+        if self.ctx_len == 0 and not self.unfused:  # the prefill: with inputs_embeds its rows have no ids
+            self.offset = max(0, rows - (input_ids.shape[1] - 1))
+        new = input_ids.shape[1] - 1 + self.offset - self.ctx_len - sum(f.shape[1] for f in self.unfused)
         if new > rows:
             raise NotImplementedError(
                 f"the target verified {rows} positions but {new} are new to the drafter: a pre-filled "

@@ -245,8 +245,9 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     vocab = target.config.get_text_config().vocab_size
-    max_pos = target.config.get_text_config().max_position_embeddings
-    cache_len = max(1, min(cache_len, max_pos - gamma - 2))
+    max_pos = getattr(target.config.get_text_config(), "max_position_embeddings", None)  # None: ALiBi (Bloom, MPT)
+    if max_pos is not None:
+        cache_len = max(1, min(cache_len, max_pos - gamma - 2))
     taps = [i + 1 for i in drafter.config.target_layer_ids]
     ids = lambda n: torch.randint(0, vocab, (1, n), generator=gen).to(device)  # noqa: E731
 

@@ -90,11 +90,14 @@ class DSparkGenerationMixin:
                 f"a pre-filled cache ({cache.get_seq_length()} positions; prompt caching) is not supported with "
                 "DSpark: transformers' assisted decoding would recompute the prompt on top of it. Pass no cache."
             )
-        context = self.config.get_text_config().max_position_embeddings
-        if generation_config.max_length > context:
+        # configs without a position limit (ALiBi: Bloom, MPT) have no context to check
+        context = getattr(self.config.get_text_config(), "max_position_embeddings", None)
+        embeds = kwargs.get("inputs_embeds")
+        needed = generation_config.max_length + (embeds.shape[1] if embeds is not None and input_ids.shape[1] == 0 else 0)
+        if context is not None and needed > context:
             raise ValueError(
-                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens needs {generation_config.max_length} "
-                f"positions; the target's context is {context}. Shorten the prompt or lower max_new_tokens."
+                f"prompt ({needed - generation_config.max_length + input_ids.shape[1]} tokens) + max_new_tokens needs "
+                f"{needed} positions; the target's context is {context}. Shorten the prompt or lower max_new_tokens."
             )
         scanner = StopScanner(stopping_criteria, input_ids)
         if scanner.checks:
@@ -124,6 +127,19 @@ def enable(model):
     return model
 
 
+def check_placement(drafter, target) -> None:
+    """The drafter must sit on the device and dtype of the target's LM head. Checked at bind and again at every
+    generate: `model.to(torch.bfloat16)` after binding changes the target, not the drafter."""
+    head = target.get_output_embeddings().weight
+    param = next(drafter.parameters())
+    if param.device != head.device:
+        raise ValueError(
+            f"drafter is on {param.device} but the target's LM head is on {head.device}: call drafter.to(device)"
+        )
+    if param.dtype != head.dtype:
+        raise ValueError(f"drafter dtype {param.dtype} != target dtype {head.dtype}: call drafter.to({head.dtype})")
+
+
 def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_kwargs) -> None:
     if mode != GenerationMode.ASSISTED_GENERATION:
         raise NotImplementedError(
@@ -131,9 +147,21 @@ def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_
             f"(num_beams={gen_config.num_beams}, num_beam_groups={getattr(gen_config, 'num_beam_groups', 1)})"
         )
     drafter.config.validate()  # block_size (γ) and friends may have been edited since the drafter was built
+    if drafter._target is None:
+        raise ValueError("this drafter is not bound to a target (loaded without target=); call drafter.bind(model) "
+                         "for the model you generate with")
     if drafter._target is not target:
         raise ValueError(
             "this drafter is bound to another model; call drafter.bind(model) for the model you generate with"
+        )
+    check_placement(drafter, target)  # the target may have been moved or cast since bind
+    if not gen_config.use_cache:
+        raise ValueError("use_cache=False: DSpark verifies drafts on the target's KV cache and rolls it back; pass "
+                         "use_cache=True (some configs, e.g. MPT's, default to False)")
+    if gen_config.output_attentions and gen_config.return_dict_in_generate:
+        raise NotImplementedError(
+            "output_attentions=True with return_dict_in_generate=True is not supported with DSpark: transformers' "
+            "assisted decoding cannot split multi-token attentions per step (its prompt lookup fails the same way)"
         )
     defaults = GenerationConfig._get_default_generation_params()
     for name in _FOREIGN_OPTIONS:

@@ -10,6 +10,8 @@ from safetensors import safe_open
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicIndexedLayer
 
+from ..decoding.routing import check_placement
+
 
 class UnsupportedArchitectureError(ValueError):
     """A target DSpark cannot serve losslessly (its cache cannot roll back, or it has no attention layers to tap)."""
@@ -184,19 +186,6 @@ def validate_pair(drafter, target) -> None:
     if mask in _special_ids(target):
         raise ValueError(f"mask_token_id {mask} is the target's EOS or PAD id; pick an otherwise unused token id")
     check_placement(drafter, target)
-
-
-def check_placement(drafter, target) -> None:
-    """The drafter must sit on the device and dtype of the target's LM head. Checked at bind and again at every
-    generate: `model.to(torch.bfloat16)` after binding changes the target, not the drafter."""
-    head = target.get_output_embeddings().weight
-    param = next(drafter.parameters())
-    if param.device != head.device:
-        raise ValueError(
-            f"drafter is on {param.device} but the target's LM head is on {head.device}: call drafter.to(device)"
-        )
-    if param.dtype != head.dtype:
-        raise ValueError(f"drafter dtype {param.dtype} != target dtype {head.dtype}: call drafter.to({head.dtype})")
 
 
 def _check_local_checkpoint(cls, folder: Path) -> None:

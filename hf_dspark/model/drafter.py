@@ -307,7 +307,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
 
     # ---- a round -----------------------------------------------------------------------------------------
     def draft(self, context_kv, prefix_ids: torch.Tensor, n: int, *, reach: int | None = None, processor=None,
-              do_sample: bool = False, weights=None) -> DraftBlock:
+              do_sample: bool = False, weights=None, offset: int = 0) -> DraftBlock:
         """One drafter round, the only code that runs one: the block [anchor ; masks] through the backbone over
         `context_kv`, then the sequential head and confidence left to right → DraftBlock of `n` drafts (tokens,
         the exact logits q was drawn from, raw and calibrated confidences).
@@ -317,8 +317,10 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         (processors see prefix + drafts as the target's will); reach: the most drafts any round of this generate
         can verify (default n): the backbone runs backbone_slots(reach) slots, so a round short of room trims the
         block rather than changing it; processor: the target's logits processors (None: raw logits);
-        weights: draft_weights(), gathered once per generate (default: gathered now)."""
-        cur_len = prefix_ids.shape[1]
+        weights: draft_weights(), gathered once per generate (default: gathered now); offset: positions the target
+        holds before prefix_ids' first token (a prompt given as inputs_embeds), so the anchor sits at
+        cur_len - 1 + offset."""
+        cur_len = prefix_ids.shape[1] + offset
         slots = self.backbone_slots(n if reach is None else reach)
         anchor = prefix_ids[:, -1:].to(self.device)
         masks = torch.full((1, slots - 1), self.config.mask_token_id, dtype=torch.long, device=self.device)
