@@ -23,6 +23,7 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers import PretrainedConfig
 from transformers.initialization import no_init_weights
 from transformers.utils import cached_file
 
@@ -350,8 +351,9 @@ def _check_family(raw: dict, config: DSparkConfig, target) -> None:
 
 def _shared_tensors(header: dict, target, where) -> None:
     """DeepSpec stores frozen copies of the target's embedding and LM head. Policy: compare them bitwise with the
-    target's (cast to the stored dtype); equal → drop them and use the target's modules; different → error (the
-    drafter was trained against another target revision); absent (stripped file) → use the target's."""
+    target's (in the target's dtype, or cast to the stored one); equal → drop them and use the target's modules;
+    different → error (the drafter was trained against another target revision); absent (stripped file) → use the
+    target's."""
     for key, getter in (("embed_tokens.weight", "get_input_embeddings"), ("lm_head.weight", "get_output_embeddings")):
         if key not in header:
             logger.info("%s has no %s: using the target's", where, key)
@@ -362,8 +364,11 @@ def _shared_tensors(header: dict, target, where) -> None:
             raise ValueError(f"cannot check {key}: the target's copy is offloaded (meta device)")
         if tuple(stored.shape) != tuple(mine.shape):
             raise ValueError(f"{key}: stored {list(stored.shape)}, the target's is {list(mine.shape)}: wrong target")
-        theirs = mine.detach().to("cpu", stored.dtype)
-        if not torch.equal(theirs, stored):
+        # a target loaded from a bf16 file in another dtype holds stored.to(its dtype): compare in that dtype too,
+        # since fp16 → bf16 is not exact for values below fp16's range (bf16 → fp16 → bf16 loses them)
+        mine = mine.detach().to("cpu")
+        theirs = mine.to(stored.dtype)
+        if not (torch.equal(stored.to(mine.dtype), mine) or torch.equal(theirs, stored)):
             diff = (theirs.float() - stored.float()).abs().max().item()
             raise ValueError(f"{key} in {where} differs from the target's (max |Δ| = {diff:.3g} in {stored.dtype}): "
                              "this drafter was trained with another revision of the target")
@@ -419,11 +424,27 @@ _DROP = ("_name_or_path", "architectures", "auto_map", "quantization_config", "t
          "tie_word_embeddings", "_commit_hash", "text_config", "vision_config", "audio_config")
 
 
+# PretrainedConfig's own bookkeeping (id2label, return_dict, output_hidden_states, ...): never in a DeepSpec file
+_GENERIC = frozenset(PretrainedConfig().to_dict()) - {"architectures", "dtype", "model_type", "transformers_version"}
+
+
+def _full_attention_entry(tc) -> tuple[int, dict] | None:
+    """(index, per-layer overrides) of the target's first full-attention layer in a heterogeneous (5.24
+    `per_layer_config`) text config, e.g. Gemma-4's global head_dim / KV heads; None for a homogeneous config."""
+    per_layer = tc.to_dict().get("per_layer_config") or {}
+    types = list(getattr(tc, "layer_types", None) or [])
+    for i, kind in enumerate(types):
+        if kind == "full_attention" and (str(i) in per_layer or i in per_layer):
+            return i, dict(per_layer.get(str(i), per_layer.get(i)))
+    return None
+
+
 def to_deepspec_config(drafter, dtype: torch.dtype) -> dict:
     """Our drafter + its bound target → a DeepSpec config.json dict (target text config + DSpark fields)."""
     c, tc = drafter.config, drafter.target.config.get_text_config()
     gemma = c.layer_variant == "gemma4"
-    raw = {k: v for k, v in tc.to_dict().items() if k not in _DROP}
+    raw = {k: v for k, v in tc.to_dict().items() if k not in _DROP and k not in _GENERIC}
+    raw.pop("per_layer_config", None)  # target layer indices: re-indexed to the drafter's layers below
     raw.update(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                num_attention_heads=c.num_attention_heads, rms_norm_eps=c.rms_norm_eps,
                max_position_embeddings=c.max_position_embeddings, attention_bias=c.attention_bias)
@@ -433,7 +454,17 @@ def to_deepspec_config(drafter, dtype: torch.dtype) -> dict:
                    hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_wide_mlp=False,
                    target_model_type=getattr(drafter.target.config, "model_type", tc.model_type),
                    target_text_model_type=tc.model_type)
-        raw["num_global_key_value_heads" if c.attention_k_eq_v else "num_key_value_heads"] = c.num_key_value_heads
+        full = _full_attention_entry(tc)
+        if c.attention_k_eq_v:
+            raw["num_global_key_value_heads"] = c.num_key_value_heads
+        else:  # DeepSpec requires the global count either way; the drafter's own KV heads are num_key_value_heads
+            raw["num_key_value_heads"] = c.num_key_value_heads
+            raw["num_global_key_value_heads"] = (full[1] if full else {}).get(
+                "num_key_value_heads", getattr(tc, "num_global_key_value_heads", c.num_key_value_heads))
+        if full is not None:  # every drafter layer is a full-attention layer: keys in [0, num_hidden_layers),
+            # values the drafter's own geometry (a 5.24 reader takes head_dim / KV heads per layer from here)
+            entry = {**full[1], "head_dim": c.head_dim, "num_key_value_heads": c.num_key_value_heads}
+            raw["per_layer_config"] = {str(i): dict(entry) for i in range(c.num_hidden_layers)}
         target_rope = dict(getattr(tc, "rope_parameters", None) or {})
         raw["rope_parameters"] = {**target_rope, "full_attention": copy.deepcopy(c.rope_parameters),
                                   "rope_type": "default", "rope_theta": None}  # §2.5: what DeepSpec writes
