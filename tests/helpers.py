@@ -7,6 +7,7 @@ import contextlib
 import torch
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.decoding.ngram import NgramIndex
 
 
 @contextlib.contextmanager
@@ -32,3 +33,28 @@ def oracle_drafts(reference: torch.Tensor, p_right: float = 0.7, seed: int = 0):
         yield
     finally:
         DSparkDrafter.draft = real
+
+
+@contextlib.contextmanager
+def oracle_ngrams(reference: torch.Tensor, vocab: int, p_right: float = 0.7, every: int = 2, seed: int = 0):
+    """N-gram drafts that fire every `every`-th lookup whatever the text: the reference continuation, each token
+    kept with probability `p_right` (else shifted by one), so the no-logits verification path sees partial
+    acceptance of every length on targets whose own output never repeats."""
+    real = NgramIndex.draft
+    gen = torch.Generator().manual_seed(seed)
+    calls = [0]
+
+    def patched(self, num):
+        real(self, num)  # keep the index's own bookkeeping
+        calls[0] += 1
+        start = len(self.seq)
+        if num <= 0 or calls[0] % every or start >= reference.shape[1]:
+            return []
+        right = reference[0, start:start + num].tolist()
+        return [t if torch.rand((), generator=gen) < p_right else (t + 1) % vocab for t in right]
+
+    NgramIndex.draft = patched
+    try:
+        yield
+    finally:
+        NgramIndex.draft = real

@@ -1,0 +1,96 @@
+"""The architecture matrix (issue 20): every causal LM transformers maps either keeps greedy identity with plain
+`generate` under every verify set-up (and samples to the end), or is refused at `from_target` by
+UnsupportedArchitectureError with its reason; docs/architectures.md is this matrix's output."""
+
+from pathlib import Path
+
+import pytest
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.decoding.profile import measure_profile
+from tests import arch_matrix
+from tests.arch_matrix import PROMPT
+from tests.helpers import oracle_drafts
+
+OUTCOMES: dict[str, arch_matrix.Outcome] = {}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _profiles_elsewhere(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))  # measured profiles never land in the user's cache
+
+
+def _outcome(model_type: str) -> arch_matrix.Outcome:
+    if model_type not in OUTCOMES:
+        OUTCOMES[model_type] = arch_matrix.run(model_type)
+    return OUTCOMES[model_type]
+
+
+@pytest.mark.parametrize("model_type", arch_matrix.architectures())
+def test_architecture(model_type):
+    outcome = _outcome(model_type)
+    if outcome.status == "not built":
+        pytest.skip(outcome.reason)
+    assert outcome.status in ("supported", "refused")
+    if outcome.status == "refused":  # the error names the model class and says why speculation cannot be exact
+        assert outcome.reason.split()[0].removesuffix("'s").endswith(("ForCausalLM", "LMHeadModel", "Model")), outcome.reason
+        assert any(w in outcome.reason for w in ("cannot", "not match", "needs", "could not", "no ")), outcome.reason
+
+
+def test_the_matrix_covers_the_common_families():
+    """Not a name list to pass: a floor, so a harness regression that stops building models cannot go unnoticed."""
+    for model_type in ("llama", "qwen3", "mistral", "gemma3_text", "gemma4_text", "olmo3", "bloom", "gpt2"):
+        assert _outcome(model_type).status == "supported", _outcome(model_type)
+    for model_type in ("mamba", "qwen3_next", "rwkv"):
+        assert _outcome(model_type).status == "refused", _outcome(model_type)
+
+
+def test_docs_list_is_the_matrix():
+    outcomes = [_outcome(t) for t in arch_matrix.architectures()]
+    doc = (ROOT / arch_matrix.DOC).read_text()
+    assert doc == arch_matrix.render(outcomes), "docs/architectures.md is stale: run `python -m tests.arch_matrix`"
+
+
+# ---- issue 20's crashes, one regression each (the matrix above runs them too, among everything else) ---------------
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gemma4_text", "olmo3"])
+def test_rope_per_layer_type_gives_the_drafter_the_full_attention_entry(model_type):
+    model = arch_matrix.build(model_type)
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    rope = model.config.get_text_config().rope_parameters
+    assert set(rope) >= {"sliding_attention", "full_attention"}  # the per-layer-type form of item 1
+    assert drafter.config.rope_parameters["rope_theta"] == rope["full_attention"]["rope_theta"]
+
+
+def test_scheduler_profile_on_a_sliding_window_target_past_its_window():
+    model = arch_matrix.build("mistral")
+    window = model.config.sliding_window
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    profile = measure_profile(model, drafter, cache_len=4 * window, warmup=0, repeats=1)
+    assert profile.cache_len == 4 * window and len(profile.verify_time) == 5
+
+
+def test_target_without_max_position_embeddings():
+    model = arch_matrix.build("bloom")
+    assert not hasattr(model.config, "max_position_embeddings")
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    plain = arch_matrix.greedy(model, PROMPT)
+    with oracle_drafts(plain):
+        assert arch_matrix.greedy(model, PROMPT, assistant_model=drafter).tolist() == plain.tolist()
+    assert measure_profile(model, drafter, cache_len=32, warmup=0, repeats=1).cache_len == 32
+
+
+@pytest.mark.parametrize("with_ids", [False, True], ids=["embeds-only", "embeds-and-ids"])
+def test_inputs_embeds_prompt_is_exact(llama, with_ids):
+    drafter = DSparkDrafter.from_target(llama, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
+    embeds = llama.get_input_embeddings()(PROMPT)
+    ids = dict(input_ids=PROMPT) if with_ids else {}
+    plain = llama.generate(inputs_embeds=embeds, **ids, do_sample=False, max_new_tokens=30)
+    assert plain.tolist() == llama.generate(PROMPT, do_sample=False, max_new_tokens=30)[:, -plain.shape[1]:].tolist()
+    drafter.ngram_drafts = True
+    with oracle_drafts(plain):  # plain is in input_ids' coordinates (no prompt ids when embeds-only), as drafts are
+        spec = llama.generate(inputs_embeds=embeds, **ids, do_sample=False, max_new_tokens=30, assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+    assert drafter.last_stats.drafted_rounds > 0 and max(r.accepted for r in drafter.last_stats.rounds) > 0
