@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from hf_dspark import DSparkDrafter, deepspec
+from hf_dspark import DSparkDrafter
+from hf_dspark.model import deepspec
 from tests.conftest import tiny_target
 from tests.deepspec_files import checkpoint, tiny_gemma4
 
