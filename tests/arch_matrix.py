@@ -1,4 +1,4 @@
-"""The architecture matrix (issue 20): every text causal-LM architecture transformers registers, built tiny from
+"""The architecture matrix: every text causal-LM architecture transformers registers, built tiny from
 its own config class (no download), and what DSpark does with it.
 
 Enumeration comes from transformers' auto mappings, so a new transformers release shows its new architectures.

@@ -1,4 +1,4 @@
-"""The architecture matrix (issue 20): every causal LM transformers maps either keeps greedy identity with plain
+"""The architecture matrix: every causal LM transformers maps either keeps greedy identity with plain
 `generate` under every verify set-up (and samples to the end), or is refused at `from_target` by
 UnsupportedArchitectureError with its reason; docs/architectures.md is this matrix's output."""
 
@@ -52,7 +52,7 @@ def test_docs_list_is_the_matrix():
     assert doc == arch_matrix.render(outcomes), "docs/architectures.md is stale: run `python -m tests.arch_matrix`"
 
 
-# ---- issue 20's crashes, one regression each (the matrix above runs them too, among everything else) ---------------
+# ---- crashes these architectures used to hit, one regression each (the matrix above runs them too) -------------
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "gemma4_text", "olmo3"])

@@ -1,4 +1,4 @@
-"""Issue 20 item 8: DeepSpec exports a transformers 5.24 reader can parse (Gemma-4 per-layer config re-indexed to the
+"""DeepSpec exports a transformers 5.24 reader can parse (Gemma-4 per-layer config re-indexed to the
 drafter's layers, num_global_key_value_heads always, no PretrainedConfig bookkeeping keys), and a float16 target
 accepts a checkpoint whose stored embedding is its own (compared in the target's dtype)."""
 

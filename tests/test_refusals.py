@@ -1,4 +1,4 @@
-"""Named refusals of issue 20 (items 4, 6, 7): architectures DSpark cannot serve exactly, options transformers'
+"""Named refusals: architectures DSpark cannot serve exactly, options transformers'
 assisted decoding cannot honour, and misleading messages made precise. Each test checks the message."""
 
 import json
@@ -13,7 +13,7 @@ from tests.arch_matrix import build
 from tests.conftest import tiny_target
 from tests.test_candidate import PROMPT, drafter_for
 
-# ---- item 4: architectures that cannot be served ---------------------------------------------------------
+# ---- architectures that cannot be served ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("model_type, why", [
@@ -52,7 +52,7 @@ def test_bidirectional_encoder_head_is_refused_unless_a_decoder():
     DSparkDrafter.from_target(BertLMHeadModel(BertConfig(is_decoder=True, **cfg)).eval())  # as a decoder: served
 
 
-# ---- item 6: output_attentions with return_dict_in_generate ------------------------------------------------
+# ---- generate options assisted decoding cannot honour ------------------------------------------------
 
 
 def test_output_attentions_in_a_dict_is_refused_by_name(llama):
@@ -68,7 +68,7 @@ def test_use_cache_false_is_refused_by_name(llama):
         llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter, use_cache=False)
 
 
-# ---- item 7: messages that said something else ----------------------------------------------------------------
+# ---- messages that used to say something else ----------------------------------------------------------------
 
 
 def test_unbound_drafter_is_not_said_to_be_bound_to_another_model(llama, tmp_path):
