@@ -1,6 +1,6 @@
 """The architecture matrix: every causal LM transformers maps either keeps greedy identity with plain
 `generate` under every verify set-up (and samples to the end), or is refused at `from_target` by
-UnsupportedArchitectureError with its reason; docs/architectures.md is this matrix's output."""
+UnsupportedArchitectureError with its reason; docs/supported_architectures.md is this matrix's output."""
 
 from pathlib import Path
 
@@ -34,7 +34,8 @@ def test_architecture(model_type):
         pytest.skip(outcome.reason)
     assert outcome.status in ("supported", "refused")
     if outcome.status == "refused":  # the error names the model class and says why speculation cannot be exact
-        assert outcome.reason.split()[0].removesuffix("'s").endswith(("ForCausalLM", "LMHeadModel", "Model")), outcome.reason
+        named = outcome.reason.split()[0].removesuffix("'s")
+        assert named.endswith(("ForCausalLM", "LMHeadModel", "Model")), outcome.reason
         assert any(w in outcome.reason for w in ("cannot", "not match", "needs", "could not", "no ")), outcome.reason
 
 
@@ -49,7 +50,7 @@ def test_the_matrix_covers_the_common_families():
 def test_docs_list_is_the_matrix():
     outcomes = [_outcome(t) for t in arch_matrix.architectures()]
     doc = (ROOT / arch_matrix.DOC).read_text()
-    assert doc == arch_matrix.render(outcomes), "docs/architectures.md is stale: run `python -m tests.arch_matrix`"
+    assert doc == arch_matrix.render(outcomes), f"{arch_matrix.DOC} is stale: run `python -m tests.arch_matrix`"
 
 
 # ---- crashes these architectures used to hit, one regression each (the matrix above runs them too) -------------

@@ -93,10 +93,11 @@ class DSparkGenerationMixin:
         # configs without a position limit (ALiBi: Bloom, MPT) have no context to check
         context = getattr(self.config.get_text_config(), "max_position_embeddings", None)
         embeds = kwargs.get("inputs_embeds")
-        needed = generation_config.max_length + (embeds.shape[1] if embeds is not None and input_ids.shape[1] == 0 else 0)
+        embedded = embeds.shape[1] if embeds is not None and input_ids.shape[1] == 0 else 0  # prompt as embeddings
+        needed = generation_config.max_length + embedded
         if context is not None and needed > context:
             raise ValueError(
-                f"prompt ({needed - generation_config.max_length + input_ids.shape[1]} tokens) + max_new_tokens needs "
+                f"prompt ({embedded + input_ids.shape[1]} tokens) + max_new_tokens needs "
                 f"{needed} positions; the target's context is {context}. Shorten the prompt or lower max_new_tokens."
             )
         scanner = StopScanner(stopping_criteria, input_ids)

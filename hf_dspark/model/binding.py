@@ -192,7 +192,8 @@ def _check_local_checkpoint(cls, folder: Path) -> None:
     """Compare the safetensors header (names, shapes) with what the folder's config builds, before loading."""
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"{config_file} is missing: a DSpark drafter folder needs the config.json save_pretrained writes")
+        raise ValueError(f"{config_file} is missing: a DSpark drafter folder needs the config.json that "
+                         "save_pretrained writes")
     try:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:

@@ -175,7 +175,9 @@ class DSparkConfig(PretrainedConfig):
         if type(self.mask_token_id) is not int and self.mask_token_id is not None:
             raise ValueError(f"mask_token_id must be an int token id, got {self.mask_token_id!r}")
         if type(self.markov_rank) is not int or self.markov_rank < (1 if self.head_type != "none" else 0):
-            raise ValueError(f"markov_rank must be an int >= 1 for head_type={self.head_type!r}, got {self.markov_rank!r}")
+            raise ValueError(
+                f"markov_rank must be an int >= 1 for head_type={self.head_type!r}, got {self.markov_rank!r}"
+            )
         self._validate_rope()
         if len(self.confidence_temperatures) != self.block_size:
             raise ValueError(
@@ -217,7 +219,7 @@ class DSparkConfig(PretrainedConfig):
                 fields[name] = copy.deepcopy(value)
         if "rope_parameters" in fields:
             fields["rope_parameters"] = drafter_rope(fields["rope_parameters"])
-            fields["rope_parameters"].setdefault("rope_theta", 10000.0)  # optional in 5.x configs; transformers' default
+            fields["rope_parameters"].setdefault("rope_theta", 10000.0)  # optional in 5.x configs: their default
         if isinstance(fields.get("intermediate_size"), (list, tuple)):  # one width per layer (Gemma-3n): the widest
             fields["intermediate_size"] = max(fields["intermediate_size"])
         fields.setdefault("intermediate_size", 4 * tc.hidden_size)  # GPT-2-style configs leave it unset
