@@ -146,11 +146,11 @@ def run(model_type: str) -> Outcome:
         drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
     except UnsupportedArchitectureError as e:
         return done("refused", str(e))
-    for policy in ("all", "scheduler", 2):
-        drafter.verify_policy = policy
-        # measured past the sliding window (16) as `hf-dspark profile` would, then used as is
-        scheduled = policy == "scheduler"
-        drafter.device_profile = measure_profile(model, drafter, cache_len=64, warmup=0, repeats=1) if scheduled else None
+    # measured past the sliding window (16) as `hf-dspark profile` would, then used by both scheduler policies
+    profile = measure_profile(model, drafter, cache_len=64, warmup=0, repeats=1)
+    for policy, ngrams in (("all", False), ("scheduler", False), (2, False), ("auto", True)):  # the last: defaults
+        drafter.verify_policy, drafter.ngram_drafts = policy, ngrams
+        drafter.device_profile = profile if policy in ("scheduler", "auto") else None
         with oracle_drafts(plain):
             spec = greedy(model, PROMPT, assistant_model=drafter)
         assert spec.tolist() == plain.tolist(), f"{model_type}: greedy output differs under verify_policy={policy!r}"
@@ -183,7 +183,8 @@ def render(outcomes: list[Outcome]) -> str:
         f"## Supported ({len(by['supported'])})",
         "",
         "Greedy output equal to plain `generate` token for token under `verify_policy` \"all\", \"scheduler\" (on a "
-        "measured device profile) and 2, and with n-gram drafts; one sampled run completes.",
+        "measured device profile), 2 and the defaults (\"auto\" + n-gram drafts), and with n-gram drafts on every "
+        "other round; one sampled run completes.",
         "",
         ", ".join(f"`{o.model_type}`" for o in by["supported"]),
         "",
