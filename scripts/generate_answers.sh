@@ -5,8 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared/data}
 PY=${PY:-.venv/bin/python}
-# a fixed mmap threshold keeps glibc from holding freed tensor memory in fragmented arenas
-MALLOC_MMAP_THRESHOLD_=65536 nohup "$PY" -m hf_dspark.cli data \
+nohup "$PY" -m hf_dspark.cli data \
   "$SHARED/train/gsm8k_train.jsonl:2" "$SHARED/train/alpaca_5000.jsonl:2" "$SHARED/train/mbpp_train.jsonl:10" \
   -o data/answers --exclude "$SHARED/eval/gsm8k.jsonl" "$SHARED/eval/mbpp.jsonl" \
   --seed 0 --slots 64 --threads 1 --dtype bfloat16 >> data/answers.log 2>&1 &
