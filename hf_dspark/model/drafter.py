@@ -257,9 +257,9 @@ class DSparkDrafter(Drafter, PreTrainedModel):
     def set_draft_vocab(self, token_ids) -> "DSparkDrafter":
         """Draft from these token ids only (e.g. the most frequent ones in the target's own answers; include EOS).
         Lossless for any subset: q is 0 outside it. Pass None to draft from the full vocabulary again."""
-        if token_ids is None:
-            self.config.draft_vocab_size, self.draft_vocab = None, None
+        if token_ids is None:  # drop the buffer first: assigning None to a registered buffer keeps it registered
             self._buffers.pop("draft_vocab", None)
+            self.config.draft_vocab_size, self.draft_vocab = None, None
             return self
         ids = torch.as_tensor(token_ids, dtype=torch.long).unique()  # sorted, no duplicates
         if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size:

@@ -394,6 +394,8 @@ def test_export_refuses_what_deepspec_cannot_hold(tmp_path):
     drafter = DSparkDrafter.from_target(target, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
     with pytest.raises(ValueError, match="pruned draft vocabulary"):
         deepspec.export(drafter.set_draft_vocab([1, 2, 3]), tmp_path)
+    deepspec.export(drafter.set_draft_vocab(None), tmp_path / "full")  # the error's own advice, followed, works
+    assert drafter.draft_vocab is None and "draft_vocab" not in drafter.state_dict()
     plain = DSparkDrafter.from_target(target, block_size=4, target_layer_ids=[0, 2], qk_norm=False)
     with pytest.raises(ValueError, match="qk_norm"):
         deepspec.export(plain, tmp_path)
