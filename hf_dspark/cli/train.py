@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..io.loading import resolve_dtype
 from ..model.heads import HEADS
 from ..training.trainer import TrainConfig, train
 from . import common
@@ -33,15 +34,24 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     common.add_threads(p, default=None)
     p.add_argument("--time-limit", type=float, default=None, help="minutes; stop early (saving) when reached")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
                    help="bf16: features from a bf16 target and the drafter step under bf16 autocast (CPUs with "
-                   "native bf16, GPUs)")
+                   "native bf16, GPUs); auto: bf16 where --dtype auto would pick it, else fp32. A run may resume "
+                   "under another precision (another machine); it is logged with every step")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="train (and draft) on the N most frequent response tokens of the data (+ EOS) only: "
+                   "q = 0 outside them, as when drafting; fixed at the run's start")
     p.add_argument("--warm-start", type=int, nargs="+", default=None, metavar="LAYER",
                    help="initialise drafter layer i from target layer LAYER_i (e.g. the last ones: -2 -1)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
+    if args.precision == "auto":
+        import torch
+
+        args.precision = "bf16" if resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu") \
+            == torch.bfloat16 else "fp32"
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
     res = train(cfg)
     print(f"final validation: {res['final_val']}; drafter saved to {Path(cfg.output_dir) / 'drafter'}")

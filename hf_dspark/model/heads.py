@@ -43,6 +43,10 @@ class _LowRank(nn.Module):
     def W2(self) -> nn.Linear:
         return self.markov_w2
 
+    def bias(self, u: torch.Tensor, w2: torch.Tensor | None = None) -> torch.Tensor:
+        """u [..., r] → B = W2·u [..., V], or through `w2` [V', r] (rows of W2 for a pruned vocabulary) → [..., V']."""
+        return self.W2(u) if w2 is None else nn.functional.linear(u.to(w2.dtype), w2)
+
 
 class MarkovHead(_LowRank):
     """B_k = W2 · W1[x_{k-1}]: a rank-r first-order transition bias. Stateless."""
@@ -58,14 +62,14 @@ class MarkovHead(_LowRank):
         e = self.W1(prev_ids)
         return e, e, state
 
-    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
-        """prev_ids [...], h [..., d] → (bias [..., V], prev embedding W1[prev] [..., r], state)."""
+    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None, w2: torch.Tensor | None = None):
+        """prev_ids [...], h [..., d] → (bias [..., V] (V' with `w2`), prev embedding W1[prev] [..., r], state)."""
         u, e, state = self.pre_bias(prev_ids, h, state)
-        return self.W2(u), e, state
+        return self.bias(u, w2), e, state
 
-    def block(self, prev_ids: torch.Tensor, h: torch.Tensor):
+    def block(self, prev_ids: torch.Tensor, h: torch.Tensor, w2: torch.Tensor | None = None):
         """Teacher-forced, all positions at once: prev_ids [B, γ], h [B, γ, d] → bias [B, γ, V], emb [B, γ, r]."""
-        bias, e, _ = self.step(prev_ids, h, None)
+        bias, e, _ = self.step(prev_ids, h, None, w2)
         return bias, e
 
 
@@ -112,14 +116,14 @@ class RNNHead(_LowRank):
         new_state = gate * state + (1 - gate) * torch.tanh(c)
         return torch.tanh(o), e, new_state
 
-    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None):
+    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None, w2: torch.Tensor | None = None):
         u, e, state = self.pre_bias(prev_ids, h, state)
-        return self.W2(u), e, state
+        return self.bias(u, w2), e, state
 
-    def block(self, prev_ids: torch.Tensor, h: torch.Tensor):
+    def block(self, prev_ids: torch.Tensor, h: torch.Tensor, w2: torch.Tensor | None = None):
         state, biases, embs = None, [], []
         for k in range(prev_ids.shape[1]):
-            b, e, state = self.step(prev_ids[:, k], h[:, k], state)
+            b, e, state = self.step(prev_ids[:, k], h[:, k], state, w2)
             biases.append(b)
             embs.append(e)
         return torch.stack(biases, 1), torch.stack(embs, 1)

@@ -202,7 +202,7 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
         for job, resp in answer(model, todo, eos, max_new_tokens, slots=slots, prefill_batch=max(1, slots // 8),
                                 seed=seed + len(skip)):
             writer.write({"id": job.key, "temperature": job.temperature, "top_p": job.top_p if job.temperature else None,
-                          "prompt_ids": job.prompt_ids, "response_ids": resp})
+                          "dtype": dtype, "prompt_ids": job.prompt_ids, "response_ids": resp})
             written, tokens = written + 1, tokens + len(resp)
             bar.update(1)
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}", tokens=tokens)

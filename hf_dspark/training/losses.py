@@ -31,14 +31,38 @@ def position_weights(block_size: int, decay: float = 4.0, device=None) -> torch.
     return torch.exp(-torch.arange(block_size, device=device, dtype=torch.float32) / decay)
 
 
+def target_probs(target_logits: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """Target logits [..., V] → p^t [..., V], or on a pruned draft vocabulary `vocab` [V'] only → [..., V']
+    (still normalised over V: one logsumexp pass instead of a V-sized softmax)."""
+    target_logits = target_logits.float()
+    if vocab is None:
+        return F.softmax(target_logits, dim=-1)
+    return (target_logits[..., vocab] - target_logits.logsumexp(-1, keepdim=True)).exp()
+
+
 def block_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                conf_logits: torch.Tensor | None):
-    """Per-slot quantities. draft_logits/target_logits [..., V] (draft includes the Markov bias), labels [...],
-    conf_logits [...] or None → dict of [...] float32 tensors: ce, l1, conf (BCE), conf_label, accept."""
+                conf_logits: torch.Tensor | None, vocab: torch.Tensor | None = None):
+    """Per-slot quantities. draft_logits [..., V] (V' with `vocab`; they include the Markov bias), target_logits
+    [..., V], labels [...], conf_logits [...] or None → dict of [...] float32 tensors: ce, l1, conf (BCE), conf_label."""
+    return prob_terms(draft_logits, target_probs(target_logits, vocab), labels, conf_logits, vocab)
+
+
+def prob_terms(draft_logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, conf_logits: torch.Tensor | None,
+               vocab: torch.Tensor | None = None):
+    """`block_terms` from p^t = target_probs(...) [..., V or V'].
+
+    `vocab` [V'] (sorted token ids) is a pruned draft vocabulary: q is 0 outside it, exactly as when drafting, so
+    L1 = Σ_{v∈V'} |q_v − p_v| + p(outside) and a label outside V' has CE 0 (the drafter cannot propose it).
+    """
     logp_d = F.log_softmax(draft_logits.float(), dim=-1)
-    p_t = F.softmax(target_logits.float(), dim=-1)
-    ce = -logp_d.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    l1 = (logp_d.exp() - p_t).abs().sum(-1)
+    if vocab is None:
+        ce = -logp_d.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        l1 = (logp_d.exp() - p_t).abs().sum(-1)
+    else:
+        l1 = (logp_d.exp() - p_t).abs().sum(-1) + (1 - p_t.sum(-1)).clamp(min=0)
+        col = torch.searchsorted(vocab, labels).clamp(max=vocab.numel() - 1)
+        inside = vocab[col] == labels
+        ce = torch.where(inside, -logp_d.gather(-1, col.unsqueeze(-1)).squeeze(-1), torch.zeros_like(l1))
     label = (1 - 0.5 * l1).clamp(0, 1).detach()
     out = {"ce": ce, "l1": l1, "conf_label": label}
     if conf_logits is not None:

@@ -1,7 +1,7 @@
 """The drafter's teacher-forced forward over anchor blocks → per-slot loss terms and simulated acceptance.
 
 Wrapped as an nn.Module so `accelerate`/DDP sees a forward() and synchronises gradients. Shapes: B sequences,
-n positions, N anchors per sequence, γ slots per block, K kept blocks, V vocabulary.
+n positions, N anchors per sequence, γ slots per block, K kept blocks, V vocabulary (V' a pruned draft vocabulary).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torch import nn
 
 from ..model.drafter import DSparkDrafter
 from .anchors import Blocks, block_mask
-from .losses import block_terms
+from .losses import prob_terms, target_probs
 
 
 class DraftObjective(nn.Module):
@@ -31,20 +31,28 @@ class DraftObjective(nn.Module):
         keep = blocks.keep.flatten()
         h = h.view(B * N, g, -1)[keep]  # [K, γ, d]: dummy blocks cost no vocab-sized compute
         prev = blocks.prev_ids.view(B * N, g)[keep]
-        logits = dr.base_logits(h)  # U [K, γ, V] float32
+        vocab = dr.draft_vocab  # a pruned draft vocabulary [V'] trains as it drafts: on its rows only
+        head_w = None if vocab is None else dr.target.get_output_embeddings().weight[vocab]
+        logits = dr.base_logits(h, head_w)  # U [K, γ, V or V'] float32
         emb = None
         if dr.head is not None:
-            bias, emb = dr.head.block(prev, h)
+            bias, emb = dr.head.block(prev, h, None if vocab is None else dr.head.W2.weight[vocab])
             logits = logits + bias.float()
         conf = dr.confidence(h, emb) if dr.confidence is not None else None
-        with torch.no_grad():
-            pos = blocks.positions.clamp(max=n - 1).view(B, N * g, 1).expand(-1, -1, last_hidden.shape[-1])
-            tgt_h = torch.gather(last_hidden, 1, pos).view(B * N, g, -1)[keep]
-            target_logits = dr.base_logits(tgt_h)  # p^t of slot j = LMHead(last_hidden[a+j])
-        terms = block_terms(logits, target_logits, blocks.labels.view(B * N, g)[keep], conf)
+        with torch.no_grad():  # p^t of slot j = LMHead(last_hidden[a+j]): once per position, not once per slot
+            pos = blocks.positions.clamp(max=n - 1) + n * torch.arange(B, device=h.device).view(B, 1, 1)
+            flat = pos.view(B * N, g)[keep]  # [K, γ] index into the B·n positions
+            used = torch.zeros(B * n, dtype=torch.bool, device=h.device)
+            used[flat] = True
+            rows = (used.cumsum(0) - 1)[flat]  # [K, γ] → row among the used positions
+            target_logits = dr.base_logits(last_hidden.reshape(B * n, -1)[used])  # [U, V]: U < K·γ (blocks overlap)
+            p_t = target_probs(target_logits, vocab)
+            target_top = target_logits.argmax(-1)
+        terms = prob_terms(logits, p_t[rows], blocks.labels.view(B * N, g)[keep], conf, vocab)
         terms["valid"] = blocks.valid.view(B * N, g)[keep]
-        terms["draft_top"] = logits.detach().argmax(-1)
-        terms["target_top"] = target_logits.argmax(-1)
+        top = logits.detach().argmax(-1)
+        terms["draft_top"] = top if vocab is None else vocab[top]
+        terms["target_top"] = target_top[rows]
         return terms
 
 

@@ -3,11 +3,13 @@
 Built on `accelerate`: the same command runs single-process or under `accelerate launch` (each process takes
 its share of every global batch; loss denominators are all-reduced, so gradients equal the single-process
 ones on the same global batch). AdamW, linear warmup + cosine, global-norm clipping, safetensors drafter
-checkpoints, resumable from `<out>/state`, and simulated τ on a held-out validation split.
+checkpoints, resumable from `<out>` (safetensors and JSON only) over a training stream that may grow between
+sessions (`DataPlan`), and simulated τ on a held-out validation split.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -41,17 +43,64 @@ def load_records(path: str | Path, max_length: int = 512, min_response: int = 2)
     return recs
 
 
-def split(records: list[dict], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded train/validation split by prompt (all answers to a prompt on one side), ≈ val_size validation."""
-    by_prompt: dict[str, list[dict]] = {}
-    for r in sorted(records, key=lambda r: r["id"]):
-        by_prompt.setdefault(prompt_of(r["id"]), []).append(r)
-    groups = list(by_prompt.values())
-    random.Random(seed).shuffle(groups)
-    val, train = [], []
-    for g in groups:
-        (val if len(val) < val_size else train).extend(g)
-    return train, val
+def split(records: list[dict], val_size: int) -> tuple[list[dict], list[dict]]:
+    """Validation = the first `val_size` records in stream order; training = every record whose prompt is not
+    one of theirs (all answers to a prompt on one side). A stream that only grows keeps the same split."""
+    val = records[:val_size]
+    held = {prompt_of(r["id"]) for r in val}
+    return [r for r in records[val_size:] if prompt_of(r["id"]) not in held], val
+
+
+class DataPlan:
+    """Epochs over a training stream that grows between sessions (an answer job still appending shards).
+
+    Epoch e shuffles the first `size_e` records, `size_e` being the stream's length when the epoch began, so
+    a resumed run sees the batches the uninterrupted one saw; the next epoch takes in whatever the stream holds
+    by then. `epochs` [{"start": step, "size": n, "last_id": id}] is saved in progress.json.
+    """
+
+    def __init__(self, records: list[dict], batch_size: int, seed: int, epochs: list[dict] | None = None):
+        self.records, self.batch_size, self.seed = records, batch_size, seed
+        self.epochs = list(epochs or [])
+        for e in self.epochs:
+            if len(records) < e["size"] or _digest(records[: e["size"]]) != e["digest"]:
+                raise ValueError(f"the training data no longer starts with the {e['size']} records an earlier epoch "
+                                 f"used (its last was {e['last_id']!r}): the stream was rewritten, not appended to")
+
+    def _open(self, start: int) -> dict:
+        e = {"start": start, "size": len(self.records), "last_id": self.records[-1]["id"],
+             "digest": _digest(self.records)}
+        self.epochs.append(e)
+        return e
+
+    def steps(self, e: dict) -> int:
+        return max(1, e["size"] // self.batch_size)
+
+    def batch(self, step: int) -> tuple[int, list[dict]]:
+        """→ (epoch index, the global batch of records for optimizer step `step`)."""
+        if not self.epochs:
+            self._open(0)
+        while step >= self.epochs[-1]["start"] + self.steps(self.epochs[-1]):
+            self._open(self.epochs[-1]["start"] + self.steps(self.epochs[-1]))
+        i = next(j for j in range(len(self.epochs) - 1, -1, -1) if step >= self.epochs[j]["start"])
+        e = self.epochs[i]
+        order = list(range(e["size"]))
+        random.Random(self.seed * 1000 + i).shuffle(order)
+        k = step - e["start"]
+        return i, [self.records[j] for j in order[k * self.batch_size : (k + 1) * self.batch_size]]
+
+
+def _digest(records: list[dict]) -> str:
+    return hashlib.sha1("\n".join(r["id"] for r in records).encode()).hexdigest()
+
+
+def frequent_tokens(records: list[dict], n: int, always: list[int] = ()) -> list[int]:
+    """The `n` most frequent response tokens of `records` (ties by id), plus `always` (EOS): a draft vocabulary."""
+    counts = torch.zeros(max(max(r["ids"]) for r in records) + 1, dtype=torch.long)
+    for r in records:
+        counts += torch.bincount(torch.tensor(r["ids"][r["n_prompt"]:]), minlength=counts.numel())[: counts.numel()]
+    top = sorted(range(counts.numel()), key=lambda t: (-int(counts[t]), t))[:n]
+    return sorted(set(top) | {int(t) for t in always})
 
 
 def collate(recs: list[dict], pad_id: int):
@@ -86,6 +135,7 @@ def lr_lambda(total: int, warmup_frac: float = 0.04):
             return (t + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (t - warmup) / max(1, total - warmup))))
 
+    f.total = total  # the planned length, saved with the run
     return f
 
 
@@ -120,12 +170,13 @@ class TrainConfig:
     time_limit: float | None = None  # minutes; stop (and save) once the next step would exceed it
     precision: str = "fp32"  # "bf16": target features in bf16 and the drafter's step under bf16 autocast
     warm_start: list[int] | None = None  # target layers copied into the drafter's layers (None: random init)
+    draft_vocab: int | None = None  # train (and draft) on the N most frequent response tokens (+ EOS) only
 
 
 # What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
 _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
-                  "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "precision",
-                  "warm_start")
+                  "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "warm_start",
+                  "draft_vocab")  # not precision: a run that spans sessions may land on a CPU without native bf16
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
@@ -189,31 +240,33 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     target.to(acc.device)
     pad_id = target.generation_config.pad_token_id or 0
     records = records if records is not None else load_records(cfg.data, cfg.max_length)
-    train_recs, val_recs = split(records, cfg.val_size, cfg.seed)
+    train_recs, val_recs = split(records, cfg.val_size)
     if not train_recs:
         raise ValueError(f"no training sequences in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
+    if cfg.draft_vocab:  # fixed at the run's start: a resume loads the saved one (the data may have grown since)
+        drafter.set_draft_vocab(frequent_tokens(train_recs, cfg.draft_vocab, _eos_ids(target)))
     if bf16:  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 master weights
         target.to(torch.bfloat16)
     weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
     objective = DraftObjective(drafter)
-    steps_per_epoch = max(1, len(train_recs) // cfg.batch_size)
-    total = cfg.max_steps or max(1, int(cfg.epochs * steps_per_epoch))
+    out = Path(cfg.output_dir)
+    resuming = (out / "progress.json").exists() and (out / "optimizer" / "optimizer.json").exists()
+    # The schedule is planned once, for the whole run: a resume over grown data keeps the first session's total.
+    total = (json.loads((out / "progress.json").read_text()).get("total") if resuming else None) or cfg.max_steps \
+        or max(1, int(cfg.epochs * max(1, len(train_recs) // cfg.batch_size)))
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
     # The scheduler is NOT prepared: accelerate would step it once per process, but our steps are global.
     objective, opt = acc.prepare(objective, opt)
-    acc.register_for_checkpointing(sched)
-    out = Path(cfg.output_dir)
-    state_dir, progress = out / "state", out / "progress.json"
-    step = 0
-    if progress.exists() and (state_dir / "model.safetensors").exists():
+    step, epochs = 0, None
+    if resuming:
         _check_same_run(out / "train_config.json", cfg)
-        acc.load_state(str(state_dir))
-        step = json.loads(progress.read_text())["step"]
-        acc.print(f"resumed from {state_dir} at step {step}/{total}")
+        step, epochs = _load(acc.unwrap_model(objective).drafter, opt, sched, out)
+        acc.print(f"resumed from {out} at step {step}/{total}")
+    plan = DataPlan(train_recs, cfg.batch_size, cfg.seed, epochs)
     history: list[dict] = []
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -228,12 +281,9 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     while step < total:
         if cfg.time_limit and step > 0 and _over_time(acc, t0, step - start, cfg.time_limit):
             acc.print(f"time limit of {cfg.time_limit} min reached at step {step}/{total}; saving")
-            _save(acc, objective, out, step)
+            _save(acc, objective, opt, sched, out, step, plan)
             break
-        epoch, k = divmod(step, steps_per_epoch)
-        order = list(range(len(train_recs)))
-        random.Random(cfg.seed * 1000 + epoch).shuffle(order)
-        batch = [train_recs[i] for i in order[k * cfg.batch_size : (k + 1) * cfg.batch_size]]
+        epoch, batch = plan.batch(step)
         mine = batch[acc.process_index :: acc.num_processes]  # this process's share of the global batch
         ids, mask, lengths, keys = collate(mine, pad_id)
         ids, mask, lengths = ids.to(acc.device), mask.to(acc.device), lengths.to(acc.device)
@@ -255,7 +305,8 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
         bar.update(1)
         rec = {"step": step, "loss": float(acc.reduce(loss.detach(), "sum")) / acc.num_processes,
                **{k_: float(acc.reduce(v.detach(), "sum") / global_denom) for k_, v in sums.items()},
-               "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0}
+               "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0,
+               "precision": cfg.precision}
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == total):
             with autocast():
                 rec.update(evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id))
@@ -263,7 +314,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
         if step % cfg.log_every == 0 or "tau_t1" in rec:
             _log(acc, out, rec, bar)
         if step == total or (cfg.save_every and step % cfg.save_every == 0):
-            _save(acc, objective, out, step)
+            _save(acc, objective, opt, sched, out, step, plan)
     bar.close()
     target.to(target_dtype)
     final = next((h for h in reversed(history) if "tau_t1" in h), {})
@@ -320,9 +371,54 @@ def _log(acc, out: Path, rec: dict, bar) -> None:
         bar.write(f"step {rec['step']}: simulated τ (T=1) {rec['tau_t1']:.3f}, τ (greedy) {rec['tau_greedy']:.3f}")
 
 
-def _save(acc, objective, out: Path, step: int) -> None:
+def _eos_ids(target) -> list[int]:
+    eos = target.generation_config.eos_token_id
+    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+# ---- checkpoints: safetensors and JSON only (no pickles), so a run's state can live in the repository ---------
+# <out>/drafter/      the drafter (float32 master weights; DSparkDrafter.from_pretrained(path, target=...))
+# <out>/optimizer/    AdamW moments as safetensors shards < 45 MB, plus optimizer.json (groups, lr schedule)
+# <out>/progress.json step and the data plan's epochs
+def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan) -> None:
+    from huggingface_hub import save_torch_state_dict
+
     acc.wait_for_everyone()
-    acc.save_state(str(out / "state"))
-    if acc.is_main_process:
-        acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter")  # safetensors
-        (out / "progress.json").write_text(json.dumps({"step": step}))
+    if not acc.is_main_process:
+        return
+    acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter")
+    sd = opt.state_dict()
+    tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+    tensors["torch_rng"] = torch.get_rng_state()
+    (out / "optimizer").mkdir(parents=True, exist_ok=True)
+    save_torch_state_dict(tensors, out / "optimizer", filename_pattern="optimizer{suffix}.safetensors",
+                          max_shard_size="45MB")
+    sched_sd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
+    (out / "optimizer" / "optimizer.json").write_text(json.dumps({"param_groups": sd["param_groups"],
+                                                                  "scheduler": sched_sd}, indent=1))
+    (out / "progress.json").write_text(json.dumps({"step": step, "total": sched.lr_lambdas[0].total,
+                                                   "epochs": plan.epochs}))
+
+
+def _load(drafter: DSparkDrafter, opt, sched, out: Path) -> tuple[int, list[dict]]:
+    """Restore weights, optimizer, lr schedule and RNG saved by `_save` → (step, the data plan's epochs)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "drafter" / "model.safetensors")
+    if "draft_vocab" in weights:
+        drafter.set_draft_vocab(weights["draft_vocab"])
+    drafter.load_state_dict(weights)
+    tensors = {}
+    for shard in sorted((out / "optimizer").glob("optimizer*.safetensors")):
+        tensors.update(load_file(shard))
+    meta = json.loads((out / "optimizer" / "optimizer.json").read_text())
+    state: dict[int, dict] = {}
+    for key, v in tensors.items():
+        if key != "torch_rng":
+            i, name = key.split(".", 1)
+            state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    sched.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(sched.lr_lambdas)})
+    torch.set_rng_state(tensors["torch_rng"])
+    progress = json.loads((out / "progress.json").read_text())
+    return progress["step"], progress.get("epochs")

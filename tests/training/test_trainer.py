@@ -146,7 +146,7 @@ def test_tiny_training_raises_simulated_tau(tmp_path):
     t = tiny_target()
     recs = target_records(t, 48)
     cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=16, batch_size=8,
-                      num_anchors=8, max_steps=150, val_size=8, eval_every=150, save_every=150, lr=3e-3)
+                      num_anchors=8, max_steps=150, val_size=16, eval_every=150, save_every=150, lr=3e-3)
     res = train(cfg, target=t, records=recs)
     before, after = res["history"][0]["tau_greedy"], res["final_val"]["tau_greedy"]
     assert after > before + 1.0, (before, after)
@@ -235,8 +235,92 @@ def test_bf16_training_runs_and_restores_the_target_dtype(tmp_path):
     t = tiny_target()
     recs = target_records(t, 48)
     cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=16, batch_size=8,
-                      num_anchors=8, max_steps=150, val_size=8, eval_every=150, save_every=150, lr=3e-3,
+                      num_anchors=8, max_steps=150, val_size=16, eval_every=150, save_every=150, lr=3e-3,
                       precision="bf16")
     res = train(cfg, target=t, records=recs)
     assert res["final_val"]["tau_greedy"] > res["history"][0]["tau_greedy"] + 1.0
     assert t.dtype == torch.float32 and res["drafter"].dtype == torch.float32
+
+
+# ---- runs that span sessions: a growing stream, safetensors-only state ---------------------------------------
+def test_split_of_a_growing_stream_is_stable():
+    from hf_dspark.training.trainer import split
+
+    recs = [{"id": f"src:{i // 2}#{i % 2}", "ids": [1, 2, 3], "n_prompt": 1} for i in range(20)]
+    train_a, val_a = split(recs[:12], 3)
+    train_b, val_b = split(recs, 3)
+    assert val_a == val_b == recs[:3]
+    held = {"src:0", "src:1"}
+    assert all(r["id"].split("#")[0] not in held for r in train_b)  # no validation prompt is trained on
+    assert train_b[: len(train_a)] == train_a  # the old training stream is a prefix of the new one
+
+
+def test_data_plan_epochs_take_in_the_grown_stream_and_refuse_a_rewritten_one():
+    from hf_dspark.training.trainer import DataPlan
+
+    recs = [{"id": f"s:{i}"} for i in range(10)]
+    plan = DataPlan(recs[:6], batch_size=2, seed=0)
+    first = [plan.batch(s) for s in range(3)]
+    assert {r["id"] for _, b in first for r in b} == {f"s:{i}" for i in range(6)}  # epoch 0: the 6 it had
+    grown = DataPlan(recs, batch_size=2, seed=0, epochs=plan.epochs)
+    assert [grown.batch(s) for s in range(3)] == first  # the same batches after the stream grew
+    epoch, batch = grown.batch(3)
+    assert epoch == 1 and (grown.epochs[1]["start"], grown.epochs[1]["size"]) == (3, 10)
+    assert {r["id"] for s in range(3, 8) for r in grown.batch(s)[1]} == {r["id"] for r in recs}
+    with pytest.raises(ValueError, match="rewritten"):
+        DataPlan([{"id": "other"}] + recs[1:], batch_size=2, seed=0, epochs=grown.epochs)
+
+
+def test_resume_over_a_grown_stream_matches_and_keeps_the_plan(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 24, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 0, "save_every": 0, "lr": 3e-3, "epochs": 1.0}
+    out = tmp_path / "run"
+    train(TrainConfig(output_dir=str(out), time_limit=1e-9, **kw), target=t, records=recs[:12])  # session 1: 12 records
+    saved = json.loads((out / "progress.json").read_text())
+    assert saved["step"] == 1 and saved["total"] == 2  # planned on what session 1 had: 8 training records / 4
+    res = train(TrainConfig(output_dir=str(out), **kw), target=t, records=recs)  # session 2: the stream grew
+    assert [h["step"] for h in res["history"]] == [2]  # the plan (2 steps) is kept, not re-planned to 5
+    # the state is safetensors and JSON only: no pickles, so it can be committed and resumed on a fresh machine
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert files and all(p.suffix in (".safetensors", ".json", ".jsonl") for p in files), files
+
+
+def test_draft_vocabulary_terms_equal_drafting_from_it():
+    from hf_dspark.training.losses import block_terms
+
+    torch.manual_seed(0)
+    V, vocab = 12, torch.tensor([0, 2, 3, 7, 11])
+    draft_sub = torch.randn(4, 3, vocab.numel())
+    target = torch.randn(4, 3, V)
+    labels = torch.tensor([[0, 7, 5], [11, 3, 1], [2, 2, 2], [9, 0, 7]])
+    pruned = block_terms(draft_sub, target, labels, None, vocab)
+    full = torch.full((4, 3, V), -torch.inf)
+    full[..., vocab] = draft_sub  # q = 0 outside the draft vocabulary, as when drafting
+    q, p = full.softmax(-1), target.softmax(-1)
+    assert torch.allclose(pruned["l1"], (q - p).abs().sum(-1), atol=1e-5)
+    inside = torch.isin(labels, vocab)
+    ce = -q.gather(-1, labels.unsqueeze(-1)).squeeze(-1).log()
+    assert torch.allclose(pruned["ce"][inside], ce[inside], atol=1e-5)
+    assert torch.all(pruned["ce"][~inside] == 0)
+
+
+def test_training_on_a_draft_vocabulary_raises_tau_and_drafts_losslessly(tmp_path):
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 48)
+    cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=16, batch_size=8,
+                      num_anchors=8, max_steps=150, val_size=16, eval_every=150, save_every=150, lr=3e-3,
+                      draft_vocab=40)
+    res = train(cfg, target=t, records=recs)
+    assert res["final_val"]["tau_greedy"] > res["history"][0]["tau_greedy"] + 1.0
+    d = DSparkDrafter.from_pretrained(tmp_path / "run" / "drafter", target=t)
+    assert d.draft_vocab is not None and 40 <= d.draft_vocab.numel() <= 41  # + EOS
+    prompt = torch.tensor([recs[0]["ids"][:6]])
+    plain = t.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert torch.equal(t.generate(prompt, assistant_model=d, max_new_tokens=24, do_sample=False), plain)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Resume (or start) the long SmolLM2 drafter run in the background: 1 thread, log in $RUN.log, state in $RUN
+# (safetensors + JSON only, committed by scripts/commit_progress.sh). Usage: bash scripts/train_drafter.sh MINUTES
+# The schedule is planned once for the whole run (--max-steps over several sessions); rerunning resumes it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MINUTES=${1:?"minutes this session may train (it saves and stops before)"}
+RUN=${RUN:-runs/smollm2-markov}
+HEAD_TYPE=${HEAD_TYPE:-markov}
+PY=${PY:-.venv/bin/python}
+mkdir -p "$(dirname "$RUN")"
+OMP_NUM_THREADS=1 nohup "$PY" -m hf_dspark.cli train data/answers -o "$RUN" --head "$HEAD_TYPE" \
+  --num-layers 2 --taps 1 14 27 --markov-rank 64 --block-size 7 --mask-token-id 16 \
+  --batch-size 8 --num-anchors 64 --max-steps 6000 --draft-vocab 8192 --precision auto \
+  --val-size 64 --eval-every 100 --save-every 100 --seed 0 --threads 1 --time-limit "$MINUTES" >> "$RUN.log" 2>&1 &
+echo "training running as pid $! (tail -f $RUN.log)"
