@@ -31,8 +31,12 @@ from ..training.features import target_features
 
 
 @torch.no_grad()
-def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: int = 64) -> dict:
+def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: int = 64,
+                slots: int | None = None) -> dict:
     """One sequence x = prompt + response (length L, prompt P) → for every anchor a = P..L-2 and slot j:
+
+    (`slots`: the backbone runs that many block slots, as `draft()` does for a round capped at slots − 1 drafts;
+    default γ, DeepSpec's full block; the [A, γ] arrays below are then [A, slots].)
 
     match [A, γ] bool: the drafter's greedy draft j equals x_{a+j+1};
     accept [A, γ] float: min(1, q(x_{a+j+1}) / p(x_{a+j+1})) at temperature 1 (0 past the end);
@@ -41,7 +45,9 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
     (drafters with a confidence head).
     """
     dr, target = drafter, drafter.target
-    g, dev = dr.config.block_size, dr.device
+    g, dev = slots or dr.config.block_size, dr.device
+    if not 1 <= g <= dr.config.block_size:
+        raise ValueError(f"slots must be in [1, {dr.config.block_size}], got {slots}")
     ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=target.device)
     P, L = len(prompt_ids), ids.shape[1]
     feats, last = target_features(target, ids, torch.ones_like(ids), dr.config.target_layer_ids)

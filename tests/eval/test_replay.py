@@ -53,6 +53,31 @@ def test_greedy_replay_equals_generate_round_by_round(head, eos, draft_vocab, ma
     assert accepted_any, "no draft was ever accepted: the comparison would be vacuous"
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_capped_replay_equals_generate_at_a_static_length(k):
+    """A static verify length k < γ − 1 runs k + 1 backbone slots (backbone_slots); slot_scores(slots=k + 1)
+    walked k drafts a round must give generate's rounds, and the full γ-slot block must not be what it ran."""
+    model, drafter = setup("markov", block=6)
+    drafter.options = DecodingOptions(k, ngram_drafts=False)
+    differs = False
+    for ids in prompts(6, 8):
+        out = model.generate(ids, assistant_model=drafter, do_sample=False, max_new_tokens=24)
+        real = [(r.drafted, r.accepted, r.committed) for r in drafter.last_stats.rounds]
+        P, resp = ids.shape[1], out[0, ids.shape[1]:].tolist()
+        if len(resp) < 2:
+            continue
+        replayed, scores = {}, {}
+        for slots in (k + 1, 6):
+            scores[slots] = s = slot_scores(drafter, ids[0].tolist(), resp, slots=slots)
+            rounds = walk(lambda a, j, m=s["match"]: bool(m[a - P, j]), P, P + len(resp), 24, k)
+            replayed[slots] = [(r.drafted, r.accepted, r.committed) for r in rounds]
+        assert replayed[k + 1] == real
+        differs |= not torch.allclose(scores[6]["accept"][:, :k], scores[k + 1]["accept"][:, :k])
+    with pytest.raises(ValueError, match="slots"):
+        slot_scores(drafter, [1, 2], [3, 4], slots=7)
+    assert differs, "full and capped blocks drafted alike on every prompt: the test could not tell them apart"
+
+
 def test_walk_trims_blocks_at_the_length_limit_and_stops_at_the_end():
     rounds = walk(lambda a, j: True, P=3, L=3 + 10, max_new_tokens=10, block_size=4)
     assert [(r.drafted, r.accepted, r.committed) for r in rounds] == [(4, 4, 5), (3, 3, 4)]

@@ -1,0 +1,104 @@
+"""Does capping the backbone to k + 1 slots (a static verify length k < γ − 1, or the scheduler's bound) cost
+acceptance against DeepSpec's full γ-slot block truncated to k drafts? Greedy replay on the target's own plain
+`generate` outputs (float32), the same anchors and rounds for both; paired bootstrap over prompts.
+
+    OMP_NUM_THREADS=1 .venv/bin/python research/capped_blocks.py --prompts 30 --max-new-tokens 128 --check 1 \
+        --out docs/results/capped_blocks_smollm2.json
+
+--drafter DIR measures another drafter folder (default: the shipped one). --check N replays the first N prompts
+of each set against real `generate(..., verify_policy=k)` round by round (what the product runs: capped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from hf_dspark.decoding.options import DecodingOptions
+from hf_dspark.decoding.profile import cpu_info
+from hf_dspark.eval.bench import encode_prompt, load_prompts
+from hf_dspark.eval.replay import slot_scores, walk
+from hf_dspark.io.loading import load_default_drafter, load_default_target
+from hf_dspark.model.drafter import DSparkDrafter
+
+
+def rounds(scores: dict, P: int, R: int, max_new: int, k: int) -> list[tuple[int, int, int]]:
+    m = scores["match"]
+    return [(r.drafted, r.accepted, r.committed)
+            for r in walk(lambda a, j: bool(m[a - P, j]), P, P + R, max_new, k)]
+
+
+def pooled(per_prompt: list[list[tuple[int, int, int]]]) -> float:
+    flat = [r for rs in per_prompt for r in rs]
+    return sum(c for _, _, c in flat) / len(flat)
+
+
+def bootstrap(full: list, capped: list, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of τ(capped) − τ(full), resampling prompts (pairs kept together)."""
+    rng, idx, diffs = random.Random(seed), range(len(full)), []
+    for _ in range(n):
+        pick = [rng.choice(idx) for _ in idx]
+        diffs.append(pooled([capped[i] for i in pick]) - pooled([full[i] for i in pick]))
+    diffs.sort()
+    return diffs[int(0.025 * n)], diffs[int(0.975 * n) - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--eval", nargs="+", default=["../shared/data/eval/gsm8k.jsonl", "../shared/data/eval/mbpp.jsonl"])
+    ap.add_argument("--prompts", type=int, default=30)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 5])
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--check", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model, tok = load_default_target(dtype=torch.float32)
+    dr = DSparkDrafter.from_pretrained(args.drafter, target=model) if args.drafter else load_default_drafter(model)
+    g = dr.config.block_size
+    if any(not 1 <= k < g - 1 for k in args.ks):
+        raise SystemExit(f"--ks must be in [1, {g - 2}]: at k = γ − 1 both run the full block")
+    t0, result = time.perf_counter(), {"cpu": cpu_info()["name"], "drafter": args.drafter or "shipped",
+                                       "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "sets": {}}
+    for name in args.eval:
+        per = {k: {"full": [], "capped": []} for k in args.ks}
+        checked = 0
+        for i, (ds, text) in enumerate(load_prompts([name], args.prompts)):
+            ids = encode_prompt(tok, text)
+            resp = model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens)[0, ids.shape[1]:].tolist()
+            P, R = ids.shape[1], len(resp)
+            if R < 2:
+                continue
+            full = slot_scores(dr, ids[0].tolist(), resp)
+            for k in args.ks:
+                cap = slot_scores(dr, ids[0].tolist(), resp, slots=k + 1)
+                per[k]["full"].append(rounds(full, P, R, args.max_new_tokens, k))
+                per[k]["capped"].append(rounds(cap, P, R, args.max_new_tokens, k))
+                if i < args.check:  # the replay of the capped block is what generate runs
+                    dr.options = DecodingOptions(k, ngram_drafts=False)
+                    out = model.generate(ids, assistant_model=dr, do_sample=False, max_new_tokens=args.max_new_tokens)
+                    real = [(r.drafted, r.accepted, r.committed) for r in dr.last_stats.rounds]
+                    if out[0, P:].tolist() != resp or real != per[k]["capped"][-1]:
+                        raise SystemExit(f"{ds} prompt {i} k={k}: the capped replay differs from generate's rounds")
+                    checked += 1
+        res = result["sets"][Path(name).stem] = {"checked_rounds_against_generate": checked}
+        for k in args.ks:
+            f, c = pooled(per[k]["full"]), pooled(per[k]["capped"])
+            lo, hi = bootstrap(per[k]["full"], per[k]["capped"])
+            res[f"k={k}"] = {"tau_full_block": f, "tau_capped": c, "diff": c - f, "ci95": [lo, hi],
+                             "rounds": sum(map(len, per[k]["full"]))}
+            print(f"{Path(name).stem} k={k}: τ full block {f:.3f} → capped {c:.3f} (Δ {c - f:+.3f}, "
+                  f"95% CI [{lo:+.3f}, {hi:+.3f}])", flush=True)
+    result["wall_s"] = time.perf_counter() - t0
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
