@@ -23,6 +23,10 @@ def add_parser(subparsers):
     p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files: refuse overlapping prompts")
     common.add_target(p)
     p.add_argument("--limit", type=int, default=40, help="number of held-out prompts")
+    p.add_argument("--holdout", action="store_true",
+                   help="only the 1-in-20 prompts `hf-dspark data` never answers (training/data.py is_holdout)")
+    p.add_argument("--per-file", type=int, default=None, metavar="N",
+                   help="N prompts from each prompt file (instead of --limit pooled): every source in the mix")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature to calibrate for (0 = greedy)")
     p.add_argument("--seed", type=int, default=0)
@@ -40,7 +44,8 @@ def main(args) -> int:
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
     if drafter.confidence is None:
         raise SystemExit("this drafter has no confidence head (head_type 'none'): nothing to calibrate")
-    prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude)
+    prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude, args.holdout,
+                              args.per_file)
     rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)
     out = Path(args.output or args.drafter)
     out.mkdir(parents=True, exist_ok=True)

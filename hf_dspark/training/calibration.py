@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .data import check_excluded, done_ids, prompt_of, read_prompts
+from .data import check_excluded, done_ids, is_holdout, prompt_of, read_prompts
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
 
@@ -132,11 +132,21 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
     return rounds
 
 
-def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed: int, eval_files=()) -> list[str]:
-    """Prompts from `files` whose ids are not in any `exclude_data` JSONL (training data), shuffled and cut."""
+def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed: int, eval_files=(),
+                    holdout: bool = False, per_file: int | None = None) -> list[str]:
+    """Prompts from `files` whose ids are not in any `exclude_data` answers (training data), shuffled and cut.
+
+    holdout: only the 1-in-20 prompts the answer job never answers (`data.is_holdout`); per_file: take N from each
+    file instead of `limit` from the pooled shuffle, so every source (code too) is in the mix in a known share."""
     used = {prompt_of(i) for f in exclude_data for i in done_ids(f)}
-    prompts = [p for f in files for p in read_prompts(f) if p["id"] not in used]
-    check_excluded(prompts, list(eval_files))
+    pools = [[p for p in read_prompts(f) if p["id"] not in used and (not holdout or is_holdout(p["id"]))]
+             for f in files]
+    check_excluded([p for pool in pools for p in pool], list(eval_files))
+    if per_file is not None:
+        for pool in pools:
+            random.Random(seed).shuffle(pool)
+        return [p["prompt"] for pool in pools for p in pool[:per_file]]
+    prompts = [p for pool in pools for p in pool]
     random.Random(seed).shuffle(prompts)
     return [p["prompt"] for p in prompts[:limit]]
 

@@ -344,6 +344,15 @@ def evaluate(objective: DraftObjective, feats: FeatureSource, val_recs: list[dic
             simulated_tau({k: torch.cat(v) for k, v in collected.items()}).items()}
 
 
+def validation_tau(drafter: DSparkDrafter, records: list[dict], cfg: TrainConfig) -> dict:
+    """Simulated τ of any drafter (bound to its target) on the validation split a run with `cfg` uses: the
+    shipped drafter's bar on the same anchors as the run's own evaluations."""
+    _, val = split(records, cfg.val_size)
+    pad_id = drafter.target.generation_config.pad_token_id or 0
+    return evaluate(DraftObjective(drafter), FeatureSource(drafter.target, drafter.config.target_layer_ids), val, cfg,
+                    pad_id)
+
+
 def _check_same_run(saved: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run under another schedule (lr plan, data order, model shape)."""
     old = json.loads(saved.read_text()) if saved.exists() else {}

@@ -1,5 +1,7 @@
 """Sequential temperature scaling: lowers ECE on over-confident synthetic scores, keeps their ordering."""
 
+import json
+
 import numpy as np
 
 from hf_dspark.training.calibration import cumulative, ece, ece_per_position, fit_sts, reliability_plot, rounds_to_arrays
@@ -67,3 +69,21 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
     assert rounds and all(r.source == "dspark" and r.verified == r.drafted for r in rounds)
     assert max(r.drafted for r in rounds) == 4
     assert (drafter.verify_policy, drafter.ngram_drafts) == (1, True)
+
+
+def test_holdout_prompts_per_file_takes_only_never_answered_prompts_from_every_source(tmp_path):
+    from hf_dspark.training.calibration import holdout_prompts
+    from hf_dspark.training.data import is_holdout, read_prompts
+
+    files = []
+    for name in ("math_train", "code_train"):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"turns": [f"{name} question {i}"]}) + "\n" for i in range(200)))
+        files.append(str(path))
+    held = {p["prompt"] for f in files for p in read_prompts(f) if is_holdout(p["id"])}
+    assert 2 < len(held) < 40  # ~1 in 20 of 400
+    got = holdout_prompts(files, [], limit=0, seed=0, holdout=True, per_file=2)
+    assert len(got) == 4 and set(got) <= held
+    assert sum(p.startswith("code_train") for p in got) == 2  # each source gives its share
+    pooled = holdout_prompts(files, [], limit=5, seed=0)
+    assert len(pooled) == 5 and not set(pooled) <= held  # without --holdout any unanswered prompt may be picked
