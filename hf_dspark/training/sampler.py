@@ -162,25 +162,28 @@ def _draw_nucleus(top: torch.Tensor, top_p: float, generator: torch.Generator) -
 
 def answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: int = 256, slots: int = 64,
            prefill_batch: int = 8, seed: int = 0, capacity: int = 1024,
-           on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, list[int]]]:
+           on_step: Callable[[int], None] | None = None, compact: int = 256) -> Iterator[tuple[Job, list[int]]]:
     """Yield `(job, response_ids)` as answers finish (not in job order); ids end with the EOS if one came.
 
     `slots` rows decode together; a prefill of up to `prefill_batch` new prompts runs once that many slots are
-    free (or the jobs run out). `capacity` is the KV buffer's first width in columns (it grows or compacts
-    as needed). `on_step(live_rows)` is called after every decode step (progress bars).
+    free (or the jobs run out). `capacity` is the KV buffer's first width in columns (it grows as needed);
+    once no live row uses the first `compact` columns they are dropped, so a step attends about as many
+    columns as the oldest live row holds, not the buffer's whole history. `on_step(live_rows)` is called after
+    every decode step (progress bars).
     """
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)
     try:
-        yield from _answer(model, jobs, eos_ids, max_new_tokens, slots, prefill_batch, seed, capacity, on_step)
+        yield from _answer(model, jobs, eos_ids, max_new_tokens, slots, prefill_batch, seed, capacity, on_step,
+                           compact)
     finally:
         model.set_attn_implementation(previous)
 
 
 @torch.no_grad()
 def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: int = 256, slots: int = 64,
-           prefill_batch: int = 8, seed: int = 0, capacity: int = 1024, on_step: Callable[[int], None] | None = None
-           ) -> Iterator[tuple[Job, list[int]]]:
+           prefill_batch: int = 8, seed: int = 0, capacity: int = 1024, on_step: Callable[[int], None] | None = None,
+           compact: int = 256) -> Iterator[tuple[Job, list[int]]]:
     """One pass of the loop; see `answer`."""
     device, dtype = model.device, model.dtype
     eos = set(eos_ids)
@@ -272,8 +275,8 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
             return
         for r in free:  # a dead row attends to its own newest column only: no NaN, costs one row
             mask[r] = 0
-        if cache.n + 1 > cache.capacity:  # drop columns no live row needs, or grow
-            drop = int(start[live].min())
+        drop = int(start[live].min())  # columns no live row needs
+        if cache.n + 1 > cache.capacity or drop >= compact:  # drop them (and grow if still full)
             cache.shift(drop, room=256)
             mask = torch.cat([mask[:, drop:], mask.new_zeros(slots, cache.capacity - (mask.shape[1] - drop))], 1)
             start.sub_(drop)

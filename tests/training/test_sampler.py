@@ -11,19 +11,27 @@ from tests.sampling_check import _g_test
 from hf_dspark.training.sampler import Job, answer, sample
 
 
-@pytest.mark.parametrize("capacity", [1024, 24])  # 24 forces left compaction, growth and right-aligned pads
-def test_greedy_rows_equal_generate(capacity):
+@pytest.mark.parametrize("capacity,compact", [(1024, 1024), (24, 1024), (1024, 4)])
+def test_greedy_rows_equal_generate(capacity, compact, monkeypatch):
+    # capacity 24 forces growth and right-aligned pads; compact 4 drops dead columns
+    # on the left every few steps while the buffer has room
+    from hf_dspark.training import sampler
+
+    drops = []
+    shift = sampler._SlotCache.shift
+    monkeypatch.setattr(sampler._SlotCache, "shift", lambda self, drop, **kw: drops.append(drop) or shift(self, drop, **kw))
     t = tiny_target()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (9,), generator=g)]
     jobs = [Job(str(i), p, temperature=0.0) for i, p in enumerate(prompts)]
     got = dict((j.key, r) for j, r in answer(t, jobs, [2], max_new_tokens=10, slots=4, prefill_batch=2,
-                                             capacity=capacity))
+                                             capacity=capacity, compact=compact))
     assert len(got) == len(jobs)
     for j in jobs:
         ref = t.generate(torch.tensor([j.prompt_ids]), max_new_tokens=10, do_sample=False, pad_token_id=0,
                          eos_token_id=2)[0, len(j.prompt_ids):].tolist()
         assert got[j.key] == ref
+    assert compact > 4 or any(drops)  # the compaction under test did run
     assert t.config._attn_implementation != "dspark_grouped_decode"  # restored afterwards
 
 
