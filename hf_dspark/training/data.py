@@ -143,6 +143,15 @@ def plan(sources: list[str], exclude: list[str | Path] = (), seed: int = 0, temp
     return jobs
 
 
+def _drop_partial_line(path: Path) -> None:
+    """A job killed mid-write leaves a line without its newline; appending to it would spoil the next answer too."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 class ShardWriter:
     """Appends answers to `<dir>/part-NNNNN.jsonl`; every `shard_size` answers that file is gzipped and closed.
 
@@ -155,6 +164,7 @@ class ShardWriter:
         closed = sorted(self.folder.glob("part-*.jsonl.gz"))
         self.index = int(closed[-1].name[5:10]) + 1 if closed else 0
         self.count = sum(1 for _ in read_answers(self._open_path())) if self._open_path().exists() else 0
+        _drop_partial_line(self._open_path())
         self.file = open(self._open_path(), "a")
 
     def _open_path(self) -> Path:

@@ -53,6 +53,20 @@ def test_shards_round_trip_and_resume(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ans").iterdir())[:2] == ["part-00000.jsonl.gz", "part-00001.jsonl.gz"]
 
 
+def test_resume_after_a_write_cut_mid_line_loses_only_that_answer(tmp_path):
+    recs = [{"id": f"s:{i}#0", "prompt_ids": [1], "response_ids": [i]} for i in range(3)]
+    w = ShardWriter(tmp_path / "ans", shard_size=10)
+    w.write(recs[0])
+    w.close()
+    with open(tmp_path / "ans" / "part-00000.jsonl", "a") as f:
+        f.write('{"id": "s:9#0", "prompt_ids": [1], "resp')  # the job was killed mid-write
+    w = ShardWriter(tmp_path / "ans", shard_size=10)
+    for r in recs[1:]:
+        w.write(r)
+    w.close()
+    assert list(read_answers(tmp_path / "ans")) == recs  # the next answer is not glued to the cut line
+
+
 def test_plan_copies_holdout_and_shuffle(tmp_path):
     src = _jsonl(tmp_path / "mbpp_train.jsonl", [f"Write f{i}." for i in range(60)])
     jobs = plan([f"{src}:3"], seed=1, temperature=0.7)
