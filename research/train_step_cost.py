@@ -1,5 +1,6 @@
 """Cost of one drafter training step per trained block: the old recipe (float32, 16 anchors per sequence) against
-bf16 features + bf16 autocast with 64 anchors, on the same 8 SmolLM2 answers, alternating in one process.
+bf16 features + bf16 autocast with 64 anchors, and both at 64 anchors on the 8,192-token draft vocabulary
+(`--draft-vocab`), on the same 8 SmolLM2 answers, alternating in one process.
 
     .venv/bin/python research/train_step_cost.py --data data/smollm2_train_responses.jsonl --repeats 3
 
@@ -10,22 +11,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 
+from hf_dspark.decoding.profile import cpu_info
 from hf_dspark.io.loading import load_default_target
 from hf_dspark.training.anchors import sample_blocks
 from hf_dspark.training.features import FeatureSource
 from hf_dspark.training.losses import LossWeights, combine, weighted_sums
 from hf_dspark.training.objective import DraftObjective
-from hf_dspark.training.trainer import TrainConfig, _generators, build_drafter, collate, load_records
+from hf_dspark.training.trainer import TrainConfig, _generators, build_drafter, collate, frequent_tokens, load_records
 
-RECIPES = {"fp32 x16 anchors": ("fp32", 16), "bf16 x64 anchors": ("bf16", 64)}
+RECIPES = {"fp32 x16 anchors": ("fp32", 16, None), "bf16 x64 anchors": ("bf16", 64, None),
+           "fp32 x64 anchors, draft vocab 8192": ("fp32", 64, 8192), "bf16 x64 anchors, draft vocab 8192": ("bf16", 64, 8192)}
 
 
-def step(target, objective, recs, precision: str, anchors: int) -> dict:
+def step(target, objective, recs, precision: str, anchors: int, vocab: list[int] | None = None) -> dict:
+    objective.drafter.set_draft_vocab(vocab)
     ids, mask, lengths, keys = collate(recs, 0)
     target.to(torch.bfloat16 if precision == "bf16" else torch.float32)
     t0 = time.perf_counter()
@@ -48,18 +51,22 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--fp32-only", action="store_true", help="skip the bf16 recipes (CPUs without native bf16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, _ = load_default_target(dtype=torch.float32)
     recs = load_records(args.data)[:8]
     objective = DraftObjective(build_drafter(target, TrainConfig(data="", output_dir="")).float().train())
-    step(target, objective, recs, "bf16", 16)  # warm-up (oneDNN primitives, allocator)
-    runs = {name: [] for name in RECIPES}
+    step(target, objective, recs, "fp32" if args.fp32_only else "bf16", 16)  # warm-up (oneDNN primitives, allocator)
+    recipes = {k: v for k, v in RECIPES.items() if not args.fp32_only or v[0] == "fp32"}
+    vocab = frequent_tokens(load_records(args.data), 8192, [target.generation_config.eos_token_id])
+    runs = {name: [] for name in recipes}
     for _ in range(args.repeats):
-        for name, (precision, anchors) in RECIPES.items():
-            runs[name].append(step(target, objective, recs, precision, anchors))
+        for name, (precision, anchors, v) in recipes.items():
+            runs[name].append(step(target, objective, recs, precision, anchors, vocab if v else None))
     base = min(r["s_per_block"] for r in runs["fp32 x16 anchors"])
-    out = {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "sequences": len(recs),
+    cpu = cpu_info()
+    out = {"cpu": f"{cpu['name']} (family {cpu['family']}, model {cpu['model']})", "threads": args.threads, "sequences": len(recs),
            "tokens": sum(len(r["ids"]) for r in recs)}
     for name, rs in runs.items():
         best = min(rs, key=lambda r: r["s_per_block"])
