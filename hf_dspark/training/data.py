@@ -203,8 +203,7 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
     skip = done_ids(output)
     model, tok = _load(model_path, getattr(torch, dtype))
     todo = [Job(key, template(tok, p["prompt"]), temp, top_p) for key, p, temp in jobs if key not in skip]
-    eos = model.generation_config.eos_token_id
-    eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    eos = eos_ids(model)
     writer = ShardWriter(output, shard_size)
     bar = tqdm(total=len(todo), desc="answers", unit="ans")
     written, tokens, t0 = 0, 0, time.perf_counter()
@@ -220,6 +219,12 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
         writer.close()
         bar.close()
     return written
+
+
+def eos_ids(model) -> list[int]:
+    """The model's EOS token ids as a list (generation_config holds an int, a list or None)."""
+    eos = model.generation_config.eos_token_id
+    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
 def _load(model_path, dtype):

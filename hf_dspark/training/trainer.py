@@ -25,7 +25,7 @@ from ..decoding.routing import enable
 from ..io.loading import load_default_target
 from ..model.drafter import DSparkDrafter
 from .anchors import sample_blocks
-from .data import prompt_of, read_answers
+from .data import eos_ids, prompt_of, read_answers
 from .features import FeatureSource, base_model
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
@@ -56,7 +56,8 @@ class DataPlan:
 
     Epoch e shuffles the first `size_e` records, `size_e` being the stream's length when the epoch began, so
     a resumed run sees the batches the uninterrupted one saw; the next epoch takes in whatever the stream holds
-    by then. `epochs` [{"start": step, "size": n, "last_id": id}] is saved in progress.json.
+    by then. `epochs` [{"start": step, "size": n, "last_id": id, "digest": sha1 of the n ids}] is saved in
+    progress.json.
     """
 
     def __init__(self, records: list[dict], batch_size: int, seed: int, epochs: list[dict] | None = None):
@@ -96,10 +97,8 @@ def _digest(records: list[dict]) -> str:
 
 def frequent_tokens(records: list[dict], n: int, always: list[int] = ()) -> list[int]:
     """The `n` most frequent response tokens of `records` (ties by id), plus `always` (EOS): a draft vocabulary."""
-    counts = torch.zeros(max(max(r["ids"]) for r in records) + 1, dtype=torch.long)
-    for r in records:
-        counts += torch.bincount(torch.tensor(r["ids"][r["n_prompt"]:]), minlength=counts.numel())[: counts.numel()]
-    top = sorted(range(counts.numel()), key=lambda t: (-int(counts[t]), t))[:n]
+    counts = torch.bincount(torch.tensor([t for r in records for t in r["ids"][r["n_prompt"]:]]))
+    top = torch.sort(-counts, stable=True).indices[:n].tolist()  # stable: equal counts keep id order
     return sorted(set(top) | {int(t) for t in always})
 
 
@@ -245,7 +244,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
         raise ValueError(f"no training sequences in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
     if cfg.draft_vocab:  # fixed at the run's start: a resume loads the saved one (the data may have grown since)
-        drafter.set_draft_vocab(frequent_tokens(train_recs, cfg.draft_vocab, _eos_ids(target)))
+        drafter.set_draft_vocab(frequent_tokens(train_recs, cfg.draft_vocab, eos_ids(target)))
     if bf16:  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 master weights
         target.to(torch.bfloat16)
     weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
@@ -378,11 +377,6 @@ def _log(acc, out: Path, rec: dict, bar) -> None:
     bar.set_postfix(show)
     if "tau_t1" in rec:
         bar.write(f"step {rec['step']}: simulated τ (T=1) {rec['tau_t1']:.3f}, τ (greedy) {rec['tau_greedy']:.3f}")
-
-
-def _eos_ids(target) -> list[int]:
-    eos = target.generation_config.eos_token_id
-    return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
 # ---- checkpoints: safetensors and JSON only (no pickles), so a run's state can live in the repository ---------
