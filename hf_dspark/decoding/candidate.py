@@ -68,18 +68,17 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._collect(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
         room = self.max_length - cur_len - 1  # drafts that could still be committed
+        lookup: list[int] = []
         if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (ngram.py)
             self.ngrams.extend(input_ids[0, len(self.ngrams.seq):].tolist())
-            drafts = self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room))
-            if drafts and not self.verify_policy.should_ngram():  # their gate: they have not been paying
-                self.verify_policy.record_ngram(None)
-                drafts = []
-            if drafts:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
-                candidate = torch.cat([input_ids, input_ids.new_tensor([drafts])], dim=-1)
-                return self._send(input_ids, candidate, None, drafts, [], "ngram", t0)
+            lookup = self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room))
+            length = self.verify_policy.ngram_length(len(lookup))  # under the scheduler: worth verifying, 0..n
+            if length:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
+                candidate = torch.cat([input_ids, input_ids.new_tensor([lookup[:length]])], dim=-1)
+                return self._send(input_ids, candidate, None, lookup, [], "ngram", t0, lookup)
         n = min(self.block_size, room, self.verify_policy.max_drafts)  # and that the policy could ever verify
         if n <= 0 or not self.verify_policy.should_draft():  # a plain target step this round
-            return self._send(input_ids, input_ids, None, [], [], "dspark", t0)
+            return self._send(input_ids, input_ids, None, [], [], "dspark", t0, lookup)
         self._fuse()
         # The backbone runs only the slots the policy can use (reach): more changed no acceptance we measured and
         # each costs time on CPU. The length limit only trims the block, so `replay` stays exact.
@@ -92,9 +91,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # transformers verifies on input_ids' device (device_map targets: may differ from the drafter's)
         logits = block.logits[:length].unsqueeze(0).to(input_ids.device) if (self.do_sample and length) else None
         return self._send(input_ids, candidate, logits, block.tokens.tolist(), [] if conf is None else conf.tolist(),
-                          "dspark", t0)
+                          "dspark", t0, lookup)
 
-    def _send(self, input_ids, candidate, logits, drafts: list[int], conf: list[float], source: str, t0):
+    def _send(self, input_ids, candidate, logits, drafts: list[int], conf: list[float], source: str, t0,
+              lookup: list[int] = ()):
         cur_len = input_ids.shape[1]
         self.observer.begin_round(candidate, cur_len)
         self.pending = {
@@ -104,6 +104,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             "verified": candidate.shape[1] - cur_len,
             "confidence": conf,
             "source": source,
+            "lookup": list(lookup),  # the n-gram drafts offered this round, verified or not (their survival is learnt)
             "draft_time": time.perf_counter() - t0,
             "sent": time.perf_counter(),
         }
@@ -158,8 +159,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             accepted += 1
         if p["source"] == "dspark":  # the draft gate judges the drafter; n-gram rounds neither pay nor age it
             self.verify_policy.record(p["drafted"], p["verified"], accepted)
-        else:  # ... they have a gate of their own
-            self.verify_policy.record_ngram(p["verified"], accepted)
+        self.verify_policy.observe_ngram(p["lookup"], new_tokens)
         probs = self.observer.target_probs
         self.stats.new_tokens = input_ids.shape[1] - self.stats.prompt_tokens
         self.stats.add(Round(

@@ -186,3 +186,35 @@ class DraftGate:
             elif loss > self.budget * self.wait * self.env[0]:  # probing every `wait` rounds still costs too much
                 self.wait *= 2
         self.skipped, self.probing = 0, False
+
+
+class SurvivalEstimate:
+    """Conditional survival c_k [γ] of drafts that carry no confidence of their own (n-gram drafts), learnt from
+    what the target committed, so the scheduler can choose how many of them to verify like any other drafts.
+
+    Each position keeps decayed counts (× `decay` per observation, so the estimate follows the text) on top of a
+    Beta prior of mean `prior` and weight `weight` pseudo-observations: c_k = (hits_k + prior·weight) /
+    (seen_k + weight). Observations are free: whether the committed tokens of a round match the drafts a lookup
+    offered at its start tells whether those drafts would have survived, whatever the round verified (a draft
+    point mass x_k survives with probability p(x_k), and the committed token equals x_k with that probability).
+    The estimate reads only finished rounds, so a length chosen from it never depends on the round's own outcome.
+    """
+
+    def __init__(self, length: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.95):
+        if not (0 < prior < 1 and weight > 0 and 0 < decay <= 1):
+            raise ValueError(f"need 0 < prior < 1, weight > 0, 0 < decay <= 1; got {prior}, {weight}, {decay}")
+        self.prior, self.weight, self.decay = float(prior), float(weight), float(decay)
+        self.hits, self.seen = [0.0] * length, [0.0] * length
+
+    def conf(self, n: int) -> list[float]:
+        """c_1..c_n [n] for a lookup of n drafts."""
+        return [(h + self.prior * self.weight) / (s + self.weight) for h, s in zip(self.hits[:n], self.seen[:n])]
+
+    def observe(self, drafts: Sequence[int], committed: Sequence[int]) -> None:
+        """drafts [n] a lookup offered; committed: the tokens the round committed from the same position. Positions
+        1..min(n, len(committed)) are observed up to and including the first mismatch (later ones were not reached)."""
+        for k, (d, t) in enumerate(zip(drafts[:len(self.hits)], committed)):
+            self.hits[k] = self.decay * self.hits[k] + (d == t)
+            self.seen[k] = self.decay * self.seen[k] + 1.0
+            if d != t:
+                break

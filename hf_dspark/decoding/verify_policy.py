@@ -16,21 +16,23 @@ its signature:
                                                # this target/device, measured once on first use)
     drafter.ngram_drafts = True                # default, any policy: a round whose last 2-4 tokens occurred
                                                # before verifies the tokens that followed them instead (ngram.py);
-                                               # under "auto"/"scheduler" behind a gate of their own
+                                               # under "auto"/"scheduler" as many as the scheduler finds worth it
 
 A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and tests; it must honour the
 non-anticipation rule (docs/scheduler.md), which nothing here can check.
 Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ, and
 drafts no more tokens than the policy can ever verify (`max_drafts`): a static length k drafts k, the scheduler
 the bound `scheduler.max_verified` of its profile (2 of 7 on the 2-core CPU), past which it never verifies.
-N-gram drafts cost nothing to draft and carry no confidence, so a round takes all of them up to `max_ngram_drafts`:
-the static k; under the scheduler `max_verified` at an n-gram round's overhead (the roll-back, no drafter), which
-is at most its bound for drafter rounds (a smaller fixed cost makes each longer forward relatively dearer); else γ.
+N-gram drafts cost nothing to draft and carry no confidence. Under "auto" and "scheduler" their survival c_k is
+learnt from what rounds commit (scheduler.SurvivalEstimate: a free observation every round a lookup offered drafts,
+verified or not) and the scheduler chooses how many to verify on the profile at an n-gram round's overhead (the
+roll-back, no drafter), 0 included: a steep step-time curve (bf16 on a CPU without native bf16) verifies fewer of
+them. Other policies take them all up to `max_ngram_drafts`: the static k, else γ.
 
-Never slower than plain, by construction: under "auto" and "scheduler" two DraftGates (scheduler.py) watch what
-rounds commit against what they cost on the profile, one for drafter rounds, one for n-gram rounds, and turn
-either kind into plain target steps while it does not pay (probing again at doubling intervals). "all", static
-k and thresholds have no profile and no gate: they are for experiments.
+Never slower than plain, by construction: under "auto" and "scheduler" a DraftGate (scheduler.py) watches what
+drafter rounds commit against what they cost on the profile and turns them into plain target steps while they do
+not pay (probing again at doubling intervals); n-gram drafts are verified only where their learnt survival pays
+on the same profile. "all", static k and thresholds have no profile and no gate: they are for experiments.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Callable
 import torch
 
 from .profile import ProfileMismatchError, get_profile, profile_key
-from .scheduler import DraftGate, max_verified, static_threshold_length
+from .scheduler import DraftGate, SurvivalEstimate, max_verified, single_stream_length, static_threshold_length
 
 
 class VerifyPolicy:
@@ -53,7 +55,7 @@ class VerifyPolicy:
         self.max_drafts = drafter.config.block_size  # drafts worth computing per round
         self.max_ngram_drafts = drafter.config.block_size  # n-gram drafts worth verifying per round
         self.gate: DraftGate | None = None  # drafter rounds
-        self.ngram_gate: DraftGate | None = None  # n-gram rounds
+        self.ngram_survival: SurvivalEstimate | None = None  # n-gram drafts' c_k, under the scheduler
         if callable(spec):
             self._length: Callable = spec
             self.needs_confidence = drafter.confidence is not None
@@ -78,7 +80,7 @@ class VerifyPolicy:
             self.max_ngram_drafts = min(max_verified(self.profile.verify_time, self.profile.rollback_time),
                                         self.max_ngram_drafts)
             self.gate = DraftGate(self.profile.verify_time, overhead)
-            self.ngram_gate = DraftGate(self.profile.verify_time, self.profile.rollback_time)
+            self.ngram_survival = SurvivalEstimate(self.max_ngram_drafts)
         else:
             raise ValueError(
                 f"drafter.verify_policy must be 'auto', 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "
@@ -101,15 +103,18 @@ class VerifyPolicy:
         if self.gate is not None:
             self.gate.record(drafted > 0, verified, accepted)
 
-    def should_ngram(self) -> bool:
-        """Whether a round that has n-gram drafts takes them (always, except under the n-gram DraftGate). If not,
-        report `record_ngram(None)`; the round then goes on as a drafter round or a plain step."""
-        return self.ngram_gate is None or self.ngram_gate.should_draft()
+    def ngram_length(self, n: int) -> int:
+        """Of a lookup's n drafts (n ≤ max_ngram_drafts), how many to verify: all, except under the scheduler, which
+        weighs their learnt survival against the profile (0: the round goes on as a drafter round or a plain step)."""
+        if self.ngram_survival is None or n == 0:
+            return n
+        return single_stream_length(self.ngram_survival.conf(n), self.profile.verify_time[:n + 1],
+                                    self.profile.rollback_time)
 
-    def record_ngram(self, verified: int | None, accepted: int = 0) -> None:
-        """A round that had n-gram drafts: how many it verified and how many were accepted (None: not taken)."""
-        if self.ngram_gate is not None:
-            self.ngram_gate.record(verified is not None, verified or 0, accepted)
+    def observe_ngram(self, drafts: list[int], committed: list[int]) -> None:
+        """A finished round whose lookup offered `drafts`: the tokens it committed from the same position."""
+        if self.ngram_survival is not None and drafts:
+            self.ngram_survival.observe(drafts, committed)
 
     def length(self, conf: torch.Tensor | None, n: int) -> int:
         """Calibrated c_k [n] of the n drafted positions (None without a confidence head) → ℓ in 0..n. c_k was

@@ -124,10 +124,10 @@ def ngram_drafts_claim_uniform_q():
     rejection sampling accepts them with min(1, V·p) instead of p."""
     real = candidate.DSparkCandidateGenerator._send
 
-    def wrong(self, input_ids, cand, logits, drafts, conf, source, t0):
+    def wrong(self, input_ids, cand, logits, drafts, conf, source, t0, lookup=()):
         if source == "ngram" and self.do_sample:
-            logits = torch.zeros(1, len(drafts), V)
-        return real(self, input_ids, cand, logits, drafts, conf, source, t0)
+            logits = torch.zeros(1, cand.shape[1] - input_ids.shape[1], V)
+        return real(self, input_ids, cand, logits, drafts, conf, source, t0, lookup)
 
     candidate.DSparkCandidateGenerator._send = wrong
     try:

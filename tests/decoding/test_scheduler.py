@@ -315,3 +315,25 @@ def test_counterexample_distribution():
 
     assert p_first_is_a(lambda c: single_stream_length(c, step)) == pytest.approx(0.7)
     assert p_first_is_a(lambda c: _lookahead_length(c, step)) == pytest.approx(0.85)
+
+
+def test_survival_estimate_learns_from_committed_tokens():
+    """c_k starts at the prior, rises where lookups match what was committed, falls where they do not; a position
+    after the first mismatch is not observed (it was never reached)."""
+    from hf_dspark.decoding.scheduler import SurvivalEstimate
+
+    est = SurvivalEstimate(3, prior=0.5, weight=2.0, decay=1.0)
+    assert est.conf(3) == [0.5, 0.5, 0.5] and est.conf(1) == [0.5]
+    est.observe([1, 2, 3], [1, 2, 9])  # 1 and 2 survive, 3 does not
+    assert est.conf(3) == [2 / 3, 2 / 3, 1 / 3]
+    est.observe([4, 5, 6], [7])  # mismatch at 1: positions 2, 3 unseen
+    assert est.conf(3) == [2 / 4, 2 / 3, 1 / 3]
+    est.observe([4, 5], [4])  # only what was committed is observed
+    assert est.conf(2) == [3 / 5, 2 / 3]
+    decayed = SurvivalEstimate(1, decay=0.5)
+    for _ in range(20):
+        decayed.observe([1], [2])
+    decayed.observe([1], [1])
+    assert decayed.conf(1)[0] > 0.3  # the latest observation weighs as much as all older ones together
+    with pytest.raises(ValueError):
+        SurvivalEstimate(3, prior=1.0)

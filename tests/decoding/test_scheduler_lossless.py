@@ -13,6 +13,8 @@ from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processo
 from tests.decoding.test_sampling import N, PROMPT, STEPS, setup
 
 GENTLE = [1.0, 1.5, 1.8, 2.0]  # Θ_1 > Θ_0 iff a_1 > .5: every length 0..3 gets chosen
+# n-gram drafts pay from a survival of 0.1: the prior (0.5) verifies them, the tiny target's learnt survival mostly too
+FLAT = [1.0, 1.1, 1.2, 1.3]
 COUNTER = [1.0, 2.0, 1 / 0.45, 1 / 0.43]  # the §6.4 curve: only a look-ahead ever verifies anything
 
 
@@ -60,7 +62,7 @@ def test_sampling_exact_with_scheduler_and_ngrams():
     """The scheduler, its DraftGate and n-gram drafts (1-grams allowed, so they are frequent) in one run."""
     from tests.decoding.test_sampling import ngram_drafts, ngram_share
 
-    model, drafter = scheduled_setup("scheduler")
+    model, drafter = scheduled_setup("scheduler", FLAT)
     exact = exact_distribution(model, PROMPT, STEPS, processors())
     with ngram_drafts(drafter, 1):
         samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
@@ -224,7 +226,7 @@ def test_sampling_exact_with_the_default_options():
 
     model, drafter = setup(head="markov")
     spread_confidence(drafter)
-    drafter.options = DecodingOptions(device_profile=synthetic_profile(model, drafter, GENTLE))
+    drafter.options = DecodingOptions(device_profile=synthetic_profile(model, drafter, FLAT))
     assert (drafter.verify_policy, drafter.ngram_drafts) == ("auto", True)
     exact = exact_distribution(model, PROMPT, STEPS, processors())
     with ngram_drafts(drafter, 1):
@@ -247,7 +249,7 @@ def test_auto_without_a_confidence_head_verifies_the_profiles_reach_behind_the_g
     drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
     policy = VerifyPolicy("auto", drafter, model)
     reach = max_verified(drafter.device_profile.verify_time)
-    assert policy.gate is not None and policy.ngram_gate is not None and not policy.needs_confidence
+    assert policy.gate is not None and policy.ngram_survival is not None and not policy.needs_confidence
     assert policy.max_drafts == reach and policy.length(None, 4) == reach and policy.length(None, 1) == 1
     with pytest.raises(ValueError, match="confidence head"):
         VerifyPolicy("scheduler", drafter, model)
@@ -257,10 +259,11 @@ def test_auto_without_a_confidence_head_verifies_the_profiles_reach_behind_the_g
     assert max(r.drafted for r in drafter.last_stats.rounds if r.source == "dspark") == reach
 
 
-def test_ngram_gate_falls_back_to_plain_steps_when_lookups_do_not_pay(monkeypatch):
+def test_wrong_ngram_drafts_stop_being_verified(monkeypatch):
     """N-gram drafts that are always wrong (each token shifted by one) cost a longer forward and commit nothing
-    more: under the default options their gate must stop taking them (probing at doubling intervals), and the
-    output stays plain's. Under "all" (no gate) every such round takes them: the control."""
+    more: under the default options their learnt survival must fall so that the scheduler stops verifying them
+    (every later lookup is still observed, for free), and the output stays plain's. Under "all" every such round
+    takes them: the control."""
     from hf_dspark.decoding import candidate
     from hf_dspark.decoding.ngram import NgramIndex
 
@@ -289,5 +292,29 @@ def test_ngram_gate_falls_back_to_plain_steps_when_lookups_do_not_pay(monkeypatc
         st = drafter.last_stats
         counts[policy] = (st.ngram_rounds, len(st.rounds))
     ngram_auto, rounds_auto = counts["auto"]
-    assert 1 <= ngram_auto <= 8 and rounds_auto >= 50, counts  # the first lookup, then probes 1, 2, 4, ... apart
+    assert 1 <= ngram_auto <= 3 and rounds_auto >= 50, counts  # the prior's first lookups, then never again
     assert counts["all"][0] >= 20, counts  # without the gate the wrong lookups keep coming
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_ngram_lengths_follow_the_profile(do_sample):
+    """Under the scheduler an n-gram round verifies what its learnt survival pays for on the profile: on a flat
+    curve the whole lookup, on a steep one (bf16 on a CPU without native bf16) fewer. Repetitive text (a prompt
+    that repeats, 1-grams allowed) makes lookups frequent; greedy output stays plain's, token for token."""
+    from tests.decoding.test_sampling import ngram_drafts
+
+    model, drafter = setup(head="markov", block=4)
+    prompt = torch.tensor([[1, 5, 2, 3, 6] * 4])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
+    lengths = {}
+    for name, curve in {"flat": [1.0, 1.01, 1.02, 1.03, 1.04], "steep": [1.0, 1.3, 1.6, 1.9, 2.2]}.items():
+        drafter.device_profile, drafter.verify_policy = synthetic_profile(model, drafter, curve), "auto"
+        with ngram_drafts(drafter, 1):
+            torch.manual_seed(0)
+            out = model.generate(prompt, do_sample=do_sample, max_new_tokens=40, assistant_model=drafter)
+        if not do_sample:
+            assert out.tolist() == plain.tolist(), name
+        rounds = [r for r in drafter.last_stats.rounds if r.source == "ngram"]
+        assert rounds and all(1 <= r.verified <= r.drafted for r in rounds), name
+        lengths[name] = sum(r.verified for r in rounds) / sum(r.drafted for r in rounds)
+    assert lengths["flat"] > lengths["steep"], lengths
