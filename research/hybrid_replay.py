@@ -125,7 +125,7 @@ POLICIES = {
     "n-gram 1-2, first + DSpark": (None, {"ngram": (1, 2, False), "dspark": True}),
     "n-gram 2, first + DSpark": (None, {"ngram": (2, 2, False), "dspark": True}),
     "n-gram 2-4, first + DSpark": (None, {"ngram": (2, 4, False), "dspark": True}),
-    "n-gram 2-4, latest + DSpark (shipped)": ("dspark+scheduler+ngram", {"ngram": (2, 4, True), "dspark": True}),
+    "n-gram 2-4, latest + DSpark (shipped until lengths were learnt)": ("dspark+scheduler+ngram", {"ngram": (2, 4, True), "dspark": True}),
     "n-gram 2-4, latest, periodic + DSpark": (None, {"ngram": (2, 4, True, True), "dspark": True}),
     "n-gram 3-4, latest + DSpark": (None, {"ngram": (3, 4, True), "dspark": True}),
     "n-gram 1-4, latest + DSpark": (None, {"ngram": (1, 4, True), "dspark": True}),

@@ -192,29 +192,37 @@ class SurvivalEstimate:
     """Conditional survival c_k [γ] of drafts that carry no confidence of their own (n-gram drafts), learnt from
     what the target committed, so the scheduler can choose how many of them to verify like any other drafts.
 
-    Each position keeps decayed counts (× `decay` per observation, so the estimate follows the text) on top of a
-    Beta prior of mean `prior` and weight `weight` pseudo-observations: c_k = (hits_k + prior·weight) /
-    (seen_k + weight). Observations are free: whether the committed tokens of a round match the drafts a lookup
-    offered at its start tells whether those drafts would have survived, whatever the round verified (a draft
-    point mass x_k survives with probability p(x_k), and the committed token equals x_k with that probability).
-    The estimate reads only finished rounds, so a length chosen from it never depends on the round's own outcome.
+    Two estimates: c_1 for a lookup's first draft (does the context repeat here at all?) and one shared by every
+    later position (once it does, each copied token survives about alike). Sharing is what lets long lookups be
+    learnt: a position is observed only when the round's committed tokens reach it, so per-position estimates past
+    the usual verified length would stay at the prior and cut long copies short. Each keeps decayed counts (×
+    `decay` per observation, so the estimate follows the text) on top of a Beta prior of mean `prior` and weight
+    `weight` pseudo-observations: c = (hits + prior·weight) / (seen + weight). Observations are free: whether the
+    committed tokens of a round match the drafts a lookup offered at its start tells whether those drafts would
+    have survived, whatever the round verified (a point-mass draft x_k survives with probability p(x_k), and the
+    committed token, given the same prefix, equals x_k with that probability). The estimate reads only finished
+    rounds, so a length chosen from it never depends on the round's own outcome.
     """
 
-    def __init__(self, length: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.95):
+    def __init__(self, prior: float = 0.5, weight: float = 2.0, decay: float = 0.95):
         if not (0 < prior < 1 and weight > 0 and 0 < decay <= 1):
             raise ValueError(f"need 0 < prior < 1, weight > 0, 0 < decay <= 1; got {prior}, {weight}, {decay}")
         self.prior, self.weight, self.decay = float(prior), float(weight), float(decay)
-        self.hits, self.seen = [0.0] * length, [0.0] * length
+        self.hits, self.seen = [0.0, 0.0], [0.0, 0.0]  # [first draft, later drafts]
+
+    def _c(self, i: int) -> float:
+        return (self.hits[i] + self.prior * self.weight) / (self.seen[i] + self.weight)
 
     def conf(self, n: int) -> list[float]:
         """c_1..c_n [n] for a lookup of n drafts."""
-        return [(h + self.prior * self.weight) / (s + self.weight) for h, s in zip(self.hits[:n], self.seen[:n])]
+        return [self._c(0)] + [self._c(1)] * (n - 1) if n > 0 else []
 
     def observe(self, drafts: Sequence[int], committed: Sequence[int]) -> None:
         """drafts [n] a lookup offered; committed: the tokens the round committed from the same position. Positions
         1..min(n, len(committed)) are observed up to and including the first mismatch (later ones were not reached)."""
-        for k, (d, t) in enumerate(zip(drafts[:len(self.hits)], committed)):
-            self.hits[k] = self.decay * self.hits[k] + (d == t)
-            self.seen[k] = self.decay * self.seen[k] + 1.0
+        for k, (d, t) in enumerate(zip(drafts, committed)):
+            i = min(k, 1)
+            self.hits[i] = self.decay * self.hits[i] + (d == t)
+            self.seen[i] = self.decay * self.seen[i] + 1.0
             if d != t:
                 break

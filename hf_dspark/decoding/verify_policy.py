@@ -29,10 +29,11 @@ verified or not) and the scheduler chooses how many to verify on the profile at 
 roll-back, no drafter), 0 included: a steep step-time curve (bf16 on a CPU without native bf16) verifies fewer of
 them. Other policies take them all up to `max_ngram_drafts`: the static k, else γ.
 
-Never slower than plain, by construction: under "auto" and "scheduler" a DraftGate (scheduler.py) watches what
-drafter rounds commit against what they cost on the profile and turns them into plain target steps while they do
-not pay (probing again at doubling intervals); n-gram drafts are verified only where their learnt survival pays
-on the same profile. "all", static k and thresholds have no profile and no gate: they are for experiments.
+Built not to lose to plain: under "auto" and "scheduler" a DraftGate (scheduler.py) watches what drafter rounds
+commit against what they cost on the profile and turns them into plain target steps while they do not pay
+(probing again at doubling intervals); n-gram drafts are verified only as far as their learnt survival pays on
+the same profile (an estimate: the first lookups of a generate() call follow its prior). "all", static k and
+thresholds have no profile and no gate: they are for experiments.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class VerifyPolicy:
             self.max_ngram_drafts = min(max_verified(self.profile.verify_time, self.profile.rollback_time),
                                         self.max_ngram_drafts)
             self.gate = DraftGate(self.profile.verify_time, overhead)
-            self.ngram_survival = SurvivalEstimate(self.max_ngram_drafts)
+            self.ngram_survival = SurvivalEstimate()
         else:
             raise ValueError(
                 f"drafter.verify_policy must be 'auto', 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "

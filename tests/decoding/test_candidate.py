@@ -27,7 +27,7 @@ def drafter_for(model, head="markov", **kw):
 
 def with_default_options(model, drafter):
     """The library's default options (DecodingOptions()) on a profile where drafting can pay (a gentle cost curve,
-    no fixed cost), so the default's drafter rounds, n-gram rounds and gates all run."""
+    no fixed cost), so the default's drafter rounds, n-gram rounds and gate all run."""
     profile = DeviceProfile(key=profile_key(model, drafter), verify_time=[1.0, 1.1, 1.2, 1.3, 1.4][: BLOCK + 1],
                             draft_time=0.0, rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
     drafter.options = DecodingOptions(device_profile=profile)

@@ -318,22 +318,23 @@ def test_counterexample_distribution():
 
 
 def test_survival_estimate_learns_from_committed_tokens():
-    """c_k starts at the prior, rises where lookups match what was committed, falls where they do not; a position
-    after the first mismatch is not observed (it was never reached)."""
+    """c_1 (a lookup's first draft) and c for every later draft (one shared estimate) start at the prior, rise
+    where lookups match what was committed, fall where they do not; nothing after the first mismatch is observed
+    (it was never reached)."""
     from hf_dspark.decoding.scheduler import SurvivalEstimate
 
-    est = SurvivalEstimate(3, prior=0.5, weight=2.0, decay=1.0)
-    assert est.conf(3) == [0.5, 0.5, 0.5] and est.conf(1) == [0.5]
-    est.observe([1, 2, 3], [1, 2, 9])  # 1 and 2 survive, 3 does not
-    assert est.conf(3) == [2 / 3, 2 / 3, 1 / 3]
-    est.observe([4, 5, 6], [7])  # mismatch at 1: positions 2, 3 unseen
-    assert est.conf(3) == [2 / 4, 2 / 3, 1 / 3]
-    est.observe([4, 5], [4])  # only what was committed is observed
-    assert est.conf(2) == [3 / 5, 2 / 3]
-    decayed = SurvivalEstimate(1, decay=0.5)
+    est = SurvivalEstimate(prior=0.5, weight=2.0, decay=1.0)
+    assert est.conf(3) == [0.5, 0.5, 0.5] and est.conf(1) == [0.5] and est.conf(0) == []
+    est.observe([1, 2, 3], [1, 2, 9])  # 1 and 2 survive, 3 does not: later drafts 1 hit of 2
+    assert est.conf(3) == [2 / 3, 2 / 4, 2 / 4]
+    est.observe([4, 5, 6], [7])  # mismatch at 1: nothing later is observed
+    assert est.conf(2) == [2 / 4, 2 / 4]
+    est.observe([4, 5, 6, 7], [4, 5, 6])  # only what was committed is observed: 1 hit, then 2 later hits
+    assert est.conf(5) == [3 / 5] + [4 / 6] * 4
+    decayed = SurvivalEstimate(decay=0.5)
     for _ in range(20):
         decayed.observe([1], [2])
     decayed.observe([1], [1])
     assert decayed.conf(1)[0] > 0.3  # the latest observation weighs as much as all older ones together
     with pytest.raises(ValueError):
-        SurvivalEstimate(3, prior=1.0)
+        SurvivalEstimate(prior=1.0)

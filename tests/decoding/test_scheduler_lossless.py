@@ -67,8 +67,22 @@ def test_sampling_exact_with_scheduler_and_ngrams():
     with ngram_drafts(drafter, 1):
         samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
         assert ngram_share(model, drafter) > 0.25
+        cut, whole = ngram_cuts(model, drafter)
+        assert cut > 0 and whole > 0, (cut, whole)  # the scheduler both shortens lookups and verifies them whole
     p = fit_pvalue(samples, exact)
     assert p >= ALPHA, f"scheduler + n-grams: samples deviate from the target's law (p={p:.2e})"
+
+
+def ngram_cuts(model, drafter, calls=30) -> tuple[int, int]:
+    """Sampled n-gram rounds over `calls` generations: (verified fewer drafts than the lookup offered, all of them)."""
+    torch.manual_seed(0)
+    cut = whole = 0
+    for _ in range(calls):
+        model.generate(PROMPT, do_sample=True, max_new_tokens=STEPS, assistant_model=drafter)
+        rounds = [r for r in drafter.last_stats.rounds if r.source == "ngram"]
+        cut += sum(r.verified < r.drafted for r in rounds)
+        whole += sum(r.verified == r.drafted for r in rounds)
+    return cut, whole
 
 
 def test_sampling_exact_with_capped_drafts():
@@ -172,7 +186,7 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     # n-gram rounds neither pay for the drafter nor age the gate's history: only drafter rounds reach it
     from hf_dspark.decoding.scheduler import DraftGate
 
-    calls = []  # the drafter rounds' gate (overhead: the 5 s drafter); n-gram rounds have a gate of their own
+    calls = []  # the drafter rounds' gate (overhead: the 5 s drafter); n-gram lengths come from their own estimate
     real_record = DraftGate.record
     monkeypatch.setattr(DraftGate, "record",
                         lambda self, *a: (self.draft_time == 5.0 and calls.append(a), real_record(self, *a))[1])
@@ -219,7 +233,7 @@ def test_bad_policy_is_an_error():
 
 
 def test_sampling_exact_with_the_default_options():
-    """What a user gets without setting anything (DecodingOptions(): "auto" + n-gram drafts, both gates) follows
+    """What a user gets without setting anything (DecodingOptions(): "auto" + n-gram drafts, the gate) follows
     the target's law; drafter rounds and n-gram rounds both carry the test."""
     from hf_dspark.decoding.options import DecodingOptions
     from tests.decoding.test_sampling import ngram_drafts, ngram_share
@@ -315,6 +329,39 @@ def test_ngram_lengths_follow_the_profile(do_sample):
         if not do_sample:
             assert out.tolist() == plain.tolist(), name
         rounds = [r for r in drafter.last_stats.rounds if r.source == "ngram"]
-        assert rounds and all(1 <= r.verified <= r.drafted for r in rounds), name
+        assert rounds, name
         lengths[name] = sum(r.verified for r in rounds) / sum(r.drafted for r in rounds)
     assert lengths["flat"] > lengths["steep"], lengths
+
+
+def test_ngram_drafts_come_back_when_lookups_start_to_match(monkeypatch):
+    """Lookups that are wrong for the first rounds, then right (an oracle: plain generate's own continuation):
+    verifying stops while they are wrong, and because every round's committed tokens are observed (verified or
+    not), the estimate recovers and n-gram rounds return. Were only verified lookups observed, the estimate would
+    stay low and none would come back."""
+    from hf_dspark.decoding import candidate
+    from hf_dspark.decoding.ngram import NgramIndex
+
+    vocab, wrong_rounds = 64, 20
+    model = tiny_target(vocab=vocab)
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=80)
+    calls = []
+
+    class LateIndex(NgramIndex):
+        def draft(self, num):
+            calls.append(1)
+            right = plain[0, len(self.seq):len(self.seq) + num].tolist()
+            return [(t + 1) % vocab for t in right] if len(calls) <= wrong_rounds else right
+
+    monkeypatch.setattr(candidate, "NgramIndex", LateIndex)
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
+    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])  # pays from c_1 > 0.3
+    drafter.device_profile.draft_time = 50.0  # the drafter never pays: rounds are n-gram rounds or plain steps
+    spec = model.generate(prompt, do_sample=False, max_new_tokens=80, assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+    kinds = [r.source == "ngram" for r in drafter.last_stats.rounds]
+    early, late = kinds[:wrong_rounds], kinds[wrong_rounds:]
+    assert 1 <= sum(early) <= 3, kinds  # the prior's first lookups, then no more while they are wrong
+    assert sum(late) >= 5, kinds  # ... and n-gram rounds again once they match
