@@ -99,6 +99,22 @@ def single_stream_length(conf: torch.Tensor, step_time: Sequence[float], draft_t
     return pad_length(length, table)
 
 
+def best_prefix_length(conf: Sequence[float], step_time: Sequence[float], draft_time: float = 0.0) -> int:
+    """Batch-1 length for drafts whose survival c [n] was fixed before the round and does not depend on the drafts
+    (n-gram lookups, c learnt from earlier rounds): the argmax over every prefix of Θ(ℓ) = (1 + Σ_{k≤ℓ} a_k) /
+    (draft_time + T*(1+ℓ)) on the monotone envelope, then padded like `single_stream_length`. Algorithm 1's early
+    stop exists because a drafter's c_{k+1} reads x_k; here no c reads any draft, so looking past a dip (a 2-token
+    forward dearer per token than a 5-token one, as small-batch CPU matmuls can be) biases nothing. → ℓ in 0..n."""
+    a = survival(torch.as_tensor(conf, dtype=torch.float64).reshape(-1)).tolist()
+    n = len(a)
+    if len(step_time) < n + 1:
+        raise ValueError(f"step_time has {len(step_time)} entries; {n} drafts need {n + 1}")
+    table = [float(t) for t in step_time[: n + 1]]
+    env = monotone_envelope(table)
+    theta = [(1.0 + sum(a[:k])) / (draft_time + env[k]) for k in range(n + 1)]
+    return pad_length(max(range(n + 1), key=lambda k: (theta[k], -k)), table)
+
+
 def static_threshold_length(conf: torch.Tensor, threshold: float) -> int:
     """conf [n] conditional survival → index of the first position with c_k < threshold (n if none; 0 allowed)."""
     below = (torch.as_tensor(conf).reshape(-1) < threshold).nonzero()

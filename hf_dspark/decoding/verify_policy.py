@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 
 from .profile import ProfileMismatchError, get_profile, profile_key
-from .scheduler import DraftGate, SurvivalEstimate, max_verified, single_stream_length, static_threshold_length
+from .scheduler import DraftGate, SurvivalEstimate, best_prefix_length, max_verified, static_threshold_length
 
 
 class VerifyPolicy:
@@ -109,8 +109,7 @@ class VerifyPolicy:
         weighs their learnt survival against the profile (0: the round goes on as a drafter round or a plain step)."""
         if self.ngram_survival is None or n == 0:
             return n
-        return single_stream_length(self.ngram_survival.conf(n), self.profile.verify_time[:n + 1],
-                                    self.profile.rollback_time)
+        return best_prefix_length(self.ngram_survival.conf(n), self.profile.verify_time, self.profile.rollback_time)
 
     def observe_ngram(self, drafts: list[int], committed: list[int]) -> None:
         """A finished round whose lookup offered `drafts`: the tokens it committed from the same position."""
