@@ -8,6 +8,7 @@ with the exact logits they were drawn from. How generate() reaches this class: r
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 from transformers import LogitsProcessorList
@@ -94,7 +95,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
                           "dspark", t0, lookup)
 
     def _send(self, input_ids, candidate, logits, drafts: list[int], conf: list[float], source: str, t0,
-              lookup: list[int] = ()):
+              lookup: Sequence[int] = ()):
         cur_len = input_ids.shape[1]
         self.observer.begin_round(candidate, cur_len)
         self.pending = {
