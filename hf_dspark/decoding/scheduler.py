@@ -115,6 +115,15 @@ def best_prefix_length(conf: Sequence[float], step_time: Sequence[float], draft_
     return pad_length(max(range(n + 1), key=lambda k: (theta[k], -k)), table)
 
 
+def best_prefix_reach(step_time: Sequence[float], draft_time: float = 0.0) -> int:
+    """The most drafts `best_prefix_length(c, step_time, draft_time)` returns for any c [γ] (γ = len(step_time) - 1):
+    its choice when every draft is sure to survive. With C_k = draft_time + T*(1+k), K that choice before padding
+    and any survival a (non-increasing, a_0 = 1): Σ_{K<j≤k} a_j ≤ (k−K)·a_K and 1 + Σ_{j≤K} a_j ≥ 1 + K·a_K, so
+    Θ_a(k)/Θ_a(K) ≤ ((1+k)/(1+K))·(C_K/C_k) = Θ_1(k)/Θ_1(K) ≤ 1 for k > K: no longer prefix wins (ties go to the
+    shorter), and padding is monotone. Computing lookups longer than this is wasted work."""
+    return best_prefix_length([1.0] * (len(step_time) - 1), step_time, draft_time)
+
+
 def static_threshold_length(conf: torch.Tensor, threshold: float) -> int:
     """conf [n] conditional survival → index of the first position with c_k < threshold (n if none; 0 allowed)."""
     below = (torch.as_tensor(conf).reshape(-1) < threshold).nonzero()

@@ -43,7 +43,8 @@ from typing import Callable
 import torch
 
 from .profile import ProfileMismatchError, get_profile, profile_key
-from .scheduler import DraftGate, SurvivalEstimate, best_prefix_length, max_verified, static_threshold_length
+from .scheduler import (DraftGate, SurvivalEstimate, best_prefix_length, best_prefix_reach, max_verified,
+                        static_threshold_length)
 
 
 class VerifyPolicy:
@@ -77,8 +78,8 @@ class VerifyPolicy:
                 self._length, self.needs_confidence = (lambda conf, n: self.profile.verify_length(conf)), True
             else:  # "auto" without a confidence head: the most the scheduler could verify, the gate decides if at all
                 self._length = lambda conf, n: min(self.max_drafts, n)
-            # an n-gram round pays no drafter, only the roll-back: the scheduler's reach at that overhead
-            self.max_ngram_drafts = min(max_verified(self.profile.verify_time, self.profile.rollback_time),
+            # an n-gram round pays no drafter, only the roll-back; its length is a best prefix, not the walk
+            self.max_ngram_drafts = min(best_prefix_reach(self.profile.verify_time, self.profile.rollback_time),
                                         self.max_ngram_drafts)
             self.gate = DraftGate(self.profile.verify_time, overhead)
             self.ngram_survival = SurvivalEstimate()

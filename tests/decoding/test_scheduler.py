@@ -352,3 +352,36 @@ def test_best_prefix_length_looks_past_a_dip():
     assert best_prefix_length(conf, dip) == 7  # Θ(7) = 3.72 tokens / 1.95 steps beats every shorter prefix
     assert best_prefix_length([0.05] * 7, dip) == 0
     assert best_prefix_length([0.6], dip) == 0 and best_prefix_length([], dip) == 0
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_best_prefix_reach_bounds_every_survival_and_truncation_changes_nothing(seed):
+    """No survival makes `best_prefix_length` verify more than `best_prefix_reach` (its choice at c ≡ 1), and a
+    lookup cut to that reach gets the same length: so n-gram lookups are computed no longer than the reach."""
+    from hf_dspark.decoding.scheduler import best_prefix_length, best_prefix_reach
+
+    rng = random.Random(seed)
+    gamma = rng.randint(1, 8)
+    if seed % 2:
+        step = list(itertools.accumulate(rng.choice([0.02, 0.1, 0.6, 1.5]) for _ in range(gamma + 1)))
+    else:
+        step = [rng.uniform(0.5, 3.0) for _ in range(gamma + 1)]
+    overhead = rng.choice([0.0, 0.1, 1.0])
+    reach = best_prefix_reach(step, overhead)
+    for _ in range(20):
+        conf = [rng.choice([1.0, rng.random(), rng.uniform(0.9, 1.0)]) for _ in range(gamma)]
+        full = best_prefix_length(conf, step, overhead)
+        assert full <= reach
+        assert best_prefix_length(conf[:reach], step[: reach + 1], overhead) == full
+
+
+def test_best_prefix_reach_passes_the_walks_on_a_steep_curve():
+    """bf16 on a Zen 3 (no native bf16): the early-stopping walk never passes 3 drafts, but a lookup whose drafts
+    survive at 0.95 pays its whole 7-token forward, so n-gram lookups are not cut at the walk's reach."""
+    from hf_dspark.decoding.scheduler import best_prefix_length, best_prefix_reach
+
+    zen3_bf16 = [57.3, 80.9, 98.5, 108.6, 138.0, 151.8, 172.0, 185.6]  # ms, 2 threads, profile of 2026-12-02
+    assert max_verified(zen3_bf16, 0.4) == 3
+    assert best_prefix_reach(zen3_bf16, 0.4) == 7
+    assert best_prefix_length([0.95] * 7, zen3_bf16, 0.4) == 7
+    assert best_prefix_length([0.8] * 7, zen3_bf16, 0.4) == 3

@@ -209,10 +209,11 @@ def test_profile_of_another_setup_is_refused():
         model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
 
 
-def test_ngram_drafts_cap_is_the_reach_at_their_own_overhead():
-    """Under the scheduler a drafter round pays draft + roll-back, an n-gram round only the roll-back: each is
-    capped at scheduler.max_verified for its own overhead. A linear curve shows the difference: with a 5-step
-    drafter 4 drafts can pay, with no fixed cost no draft ever can (1 + a tokens for 2 steps)."""
+def test_ngram_drafts_cap_is_the_best_prefix_reach_at_their_own_overhead():
+    """Under the scheduler a drafter round pays draft + roll-back and is capped at the walk's reach
+    (scheduler.max_verified); an n-gram round pays only the roll-back and is capped at the best prefix's reach
+    (scheduler.best_prefix_reach). A linear curve shows the overheads: with a 5-step drafter 4 drafts can pay,
+    with no fixed cost no draft ever can (1 + a tokens for 2 steps)."""
     from hf_dspark.decoding.verify_policy import VerifyPolicy
 
     model, drafter = setup(block=4)
