@@ -104,7 +104,8 @@ def best_prefix_length(conf: Sequence[float], step_time: Sequence[float], draft_
     (n-gram lookups, c learnt from earlier rounds): the argmax over every prefix of Θ(ℓ) = (1 + Σ_{k≤ℓ} a_k) /
     (draft_time + T*(1+ℓ)) on the monotone envelope, then padded like `single_stream_length`. Algorithm 1's early
     stop exists because a drafter's c_{k+1} reads x_k; here no c reads any draft, so looking past a dip (a 2-token
-    forward dearer per token than a 5-token one, as small-batch CPU matmuls can be) biases nothing. → ℓ in 0..n."""
+    forward dearer per token than a 5-token one, as small-batch CPU matmuls can be) biases nothing. → ℓ in 0..n.
+    On a drafter's confidences this is the §6.4 look-ahead search, which is biased: the tests' negative control."""
     a = survival(torch.as_tensor(conf, dtype=torch.float64).reshape(-1)).tolist()
     n = len(a)
     if len(step_time) < n + 1:
@@ -130,16 +131,6 @@ def static_threshold_length(conf: torch.Tensor, threshold: float) -> int:
     return int(below[0]) if len(below) else int(torch.as_tensor(conf).numel())
 
 
-def _lookahead_length(conf: torch.Tensor, step_time: Sequence[float], draft_time: float = 0.0) -> int:
-    """WRONG ON PURPOSE, the §6.4 counterexample: argmax of Θ over every prefix, no early stop. Whether x_k is
-    verified then depends on c_{k+1}, ..., which depend on x_k, and the output is biased. Negative control for
-    tests only; never use it to decode."""
-    a = survival(torch.as_tensor(conf).reshape(-1)).tolist()
-    sps = steps_per_second(step_time[: len(a) + 1], draft_time)
-    theta = [(1.0 + sum(a[:k])) * sps[k] for k in range(len(a) + 1)]
-    return max(range(len(theta)), key=lambda k: (theta[k], -k))
-
-
 def max_verified(step_time: Sequence[float], draft_time: float = 0.0) -> int:
     """The most drafts `single_stream_length(conf, step_time, draft_time)` can return for any conf [γ]
     (γ = len(step_time) - 1), padding included. Drafting more than this is wasted work.
@@ -163,9 +154,11 @@ class DraftGate:
     """Batch-1 decision, before a round drafts anything, whether drafting is worth it at all (scheduler policy).
 
     A drafted round costs draft_time + T*(1 + ℓ) and commits 1 + (accepted drafts) tokens; a round without
-    drafts is a plain decode step, T(1) for one token. The gate keeps exponential averages over rounds (weight
-    `weight` on the newest; a skipped round observes nothing but ages what is known) of the accepted drafts and
-    of that cost in drafted rounds, and drafts while (1 + A)·T(1) > C. When it stops drafting it probes again
+    drafts is a plain decode step, T(1) for one token. The gate keeps exponential averages over drafted rounds
+    (weight `weight` on the newest; a skipped round is no observation and changes nothing) of the accepted drafts
+    and of that cost, and drafts while (1 + A)·T(1) > C. Skipped rounds do not age the history: when one probe
+    counted alone, a single lucky draw reopened the gate, and at temperature 1, where whether a draft survives is a
+    coin flip, a drafter below break-even was drafting a third of the rounds (bf16 on a Zen 3: 0.93× plain). When it stops drafting it probes again
     after 1, 2, 4, ... skipped rounds: the wait doubles after each probe that does not pay, until a probe's loss
     (C - (1 + A)·T(1): what the drafted round cost beyond plain steps for the same tokens) spread over the wait
     is at most `budget` (default 1 %) of a plain step, and resets after a probe that pays. So a drafter that has
@@ -200,8 +193,8 @@ class DraftGate:
         cost = self.draft_time + self.env[min(verified, len(self.env) - 1)]
         if self.accepted is None:
             self.accepted, self.cost = float(accepted), cost
-        else:  # skipped rounds age the history without observing it: a probe after a long wait counts nearly alone
-            w = 1.0 - (1.0 - self.weight) ** (1 + self.skipped)
+        else:
+            w = self.weight
             self.accepted = (1 - w) * self.accepted + w * accepted
             self.cost = (1 - w) * self.cost + w * cost
         if self.probing:

@@ -22,12 +22,14 @@ A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and
 non-anticipation rule (docs/scheduler.md), which nothing here can check.
 Whatever the policy, the candidate generator truncates the draft ids and their logits to the same ℓ, and
 drafts no more tokens than the policy can ever verify (`max_drafts`): a static length k drafts k, the scheduler
-the bound `scheduler.max_verified` of its profile (2 of 7 on the 2-core CPU), past which it never verifies.
+the bound `scheduler.max_verified` of its profile (2 to 7 of 7 on the CPUs measured), past which it never
+verifies.
 N-gram drafts cost nothing to draft and carry no confidence. Under "auto" and "scheduler" their survival c_k is
 learnt from what rounds commit (scheduler.SurvivalEstimate: a free observation every round a lookup offered drafts,
 verified or not) and the scheduler chooses how many to verify on the profile at an n-gram round's overhead (the
-roll-back, no drafter), 0 included: a steep step-time curve (bf16 on a CPU without native bf16) verifies fewer of
-them. Other policies take them all up to `max_ngram_drafts`: the static k, else γ.
+roll-back, no drafter), 0 included, over lookups of up to `scheduler.best_prefix_reach` drafts (the most that
+rule can choose): a steep step-time curve (bf16 on a CPU without native bf16) verifies fewer of them.
+Other policies take them all up to `max_ngram_drafts`: the static k, else γ.
 
 Built not to lose to plain: under "auto" and "scheduler" a DraftGate (scheduler.py) watches what drafter rounds
 commit against what they cost on the profile and turns them into plain target steps while they do not pay
@@ -43,8 +45,14 @@ from typing import Callable
 import torch
 
 from .profile import ProfileMismatchError, get_profile, profile_key
-from .scheduler import (DraftGate, SurvivalEstimate, best_prefix_length, best_prefix_reach, max_verified,
-                        static_threshold_length)
+from .scheduler import (
+    DraftGate,
+    SurvivalEstimate,
+    best_prefix_length,
+    best_prefix_reach,
+    max_verified,
+    static_threshold_length,
+)
 
 
 class VerifyPolicy:

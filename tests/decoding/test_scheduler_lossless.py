@@ -7,7 +7,7 @@ import torch
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding.profile import DeviceProfile, ProfileMismatchError, profile_key
-from hf_dspark.decoding.scheduler import _lookahead_length, max_verified
+from hf_dspark.decoding.scheduler import best_prefix_length, max_verified
 from tests.conftest import tiny_target
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
 from tests.decoding.test_sampling import N, PROMPT, STEPS, setup
@@ -121,7 +121,7 @@ def gated_setup(policy, verify_time):
     "name, policy, curve, lossless",
     [
         ("scheduler", "scheduler", GENTLE, True),
-        ("lookahead", lambda conf: _lookahead_length(conf, COUNTER), COUNTER, False),
+        ("lookahead", lambda conf: best_prefix_length(conf, COUNTER), COUNTER, False),
     ],
     ids=["scheduler", "lookahead"],
 )
