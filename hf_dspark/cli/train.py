@@ -36,8 +36,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="minutes; stop early (saving) when reached")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
                    help="bf16: features from a bf16 target and the drafter step under bf16 autocast (CPUs with "
-                   "native bf16, GPUs); auto: bf16 where --dtype auto would pick it, else fp32. A run may resume "
-                   "under another precision (another machine); it is logged with every step")
+                   "native bf16, GPUs); auto: bf16 where the device has native bf16 (io.loading.auto_dtype), else "
+                   "fp32. A run may resume under another precision (another machine); it is logged with every step")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="train (and draft) on the N most frequent response tokens of the data (+ EOS) only: "
                    "q = 0 outside them, as when drafting; fixed at the run's start")

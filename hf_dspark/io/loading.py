@@ -8,9 +8,13 @@ cache; every later load reads that folder (~2 s). Nothing here touches the Huggi
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import shutil
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -18,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
 from ..cache import cache_dir
-from ..decoding.profile import cpu_has_native_bf16
+from ..decoding.profile import cpu_has_native_bf16, device_name
 from ..decoding.routing import enable
 from ..model.drafter import DSparkDrafter
 
@@ -50,12 +54,73 @@ def auto_dtype(device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
     return torch.float32, f"no bf16 rule for {device.type}"
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """A torch dtype, a --dtype name, or "auto" (auto_dtype: chosen for the device, the reason logged) → dtype."""
+BF16_MARGIN = 0.9  # bf16 must serve the reference request in at most 90 % of float32's time (float32: identity)
+REFERENCE_REQUEST = (256, 256)  # prompt tokens, new tokens: what "faster end to end" is measured on
+
+
+def decode_dtype(model: str | Path, device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
+    """(dtype, why) for batch-1 decoding (generate, DSpark) of the model at `model` (folder or id) on `device`.
+
+    On a CPU, measured rather than keyed on ISA flags: `decode_cost` in float32 and in bf16, once per model, CPU,
+    thread count and torch (cached beside the device profiles), and bf16 if it serves REFERENCE_REQUEST (a 256-token
+    prefill, then 256 one-token steps) in at most BF16_MARGIN of float32's time. Decoding one token reads every
+    weight once, so halving the bytes can win where bf16 matmuls are emulated, while a prefill is compute-bound and
+    loses there: on a Zen 3 EPYC without AVX-512 a SmolLM2 step took 57 ms in bf16 against 78 in float32 and a
+    ~200-token prefill ~1.6 s against ~0.4 (docs/benchmarks.md). Batched work (answer generation, training) is
+    compute-bound and keeps `auto_dtype`'s ISA rule. Off the CPU: `auto_dtype`."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return auto_dtype(device)
+    key = {"model": str(model), "device": device_name(device), "torch": torch.__version__}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_dir() / "profiles" / f"decode-dtype-{digest}.json"
+    if path.exists():
+        cost = json.loads(path.read_text())["cost_ms"]
+    else:
+        cost = {name: decode_cost(model, DTYPES[name]) for name in ("float32", "bfloat16")}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "cost_ms": cost, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+    prompt, new = REFERENCE_REQUEST
+    total = {name: c["prefill"] + new * c["step"] for name, c in cost.items()}
+    seen = (f"a {prompt}-token prompt and {new} new tokens take {total['bfloat16'] / 1e3:.3g} s in bf16 vs "
+            f"{total['float32'] / 1e3:.3g} s in float32 here (step {cost['bfloat16']['step']:.3g} vs "
+            f"{cost['float32']['step']:.3g} ms)")
+    if total["bfloat16"] <= BF16_MARGIN * total["float32"]:
+        return torch.bfloat16, seen
+    return torch.float32, f"{seen}; bf16 must be {100 * (1 - BF16_MARGIN):.0f} % faster"
+
+
+@torch.no_grad()
+def decode_cost(model: str | Path, dtype: torch.dtype, prompt: int = REFERENCE_REQUEST[0], warmup: int = 3,
+                repeats: int = 10) -> dict[str, float]:
+    """{"prefill": ms of a `prompt`-token forward, "step": median ms of a one-token forward after it} for the model
+    at `model` in `dtype` on the CPU (one warm-up prefill first; ids from a fixed generator, since the cost does not
+    depend on them, and the global RNG untouched)."""
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
+    gen = torch.Generator().manual_seed(0)
+    vocab = net.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (1, prompt), generator=gen)
+    net(ids[:, : max(1, prompt // 4)], use_cache=True)  # one-time costs (allocations, kernel selection)
+    t0 = time.perf_counter()
+    cache = net(ids, use_cache=True).past_key_values
+    prefill, times = time.perf_counter() - t0, []
+    for i in range(warmup + repeats):
+        token = torch.randint(0, vocab, (1, 1), generator=gen)
+        t0 = time.perf_counter()
+        net(token, past_key_values=cache, use_cache=True)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return {"prefill": 1e3 * prefill, "step": 1e3 * statistics.median(times)}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu", model: str | Path | None = None) \
+        -> torch.dtype:
+    """A torch dtype, a --dtype name, or "auto" → dtype. "auto" for decoding `model` (a folder or id) is
+    `decode_dtype` (measured on a CPU); without a model (batched jobs) it is `auto_dtype`. The reason is logged."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        chosen, why = auto_dtype(device)
+        chosen, why = decode_dtype(model, device) if model is not None else auto_dtype(device)
         logger.info("dtype auto: %s (%s)", str(chosen).removeprefix("torch."), why)
         return chosen
     if dtype not in DTYPES:
@@ -98,12 +163,13 @@ def load_default_target(dtype: str | torch.dtype = "auto", device: str | torch.d
     """SmolLM2-135M-Instruct and its tokenizer, offline. Returns `(model, tokenizer)`.
 
     The model is made DSpark-ready (`hf_dspark.enable`), so `model.generate(..., assistant_model=drafter)`
-    routes to DSpark. dtype "auto" (default) is bf16 where the device has native bf16, else float32
-    (`auto_dtype`; the choice and its reason are logged at info level). float32 is the dtype the token-identity
-    claim covers; in bf16 greedy outputs may take the other side of near-ties (README, the lossless contract).
+    routes to DSpark. dtype "auto" (default) is whichever of float32 and bf16 serves a request faster on this device
+    (`decode_dtype`: measured once on a CPU, ~10 s; the choice and its reason are logged at info level). float32 is
+    the dtype the token-identity claim covers; in bf16 greedy outputs may take the other side of near-ties (README,
+    the lossless contract).
     """
     path = default_target_path()
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, model=path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return enable(model), tok
@@ -122,10 +188,10 @@ def load_default_drafter(model):
 
 def load_target(target: str | None, dtype: str | torch.dtype, device: str):
     """(model, tokenizer) for a target id/folder (None = embedded SmolLM2), DSpark-enabled, in eval mode; dtype as
-    `resolve_dtype` takes it ("auto" included)."""
+    `resolve_dtype` takes it ("auto": `decode_dtype`)."""
     if target is None:
         return load_default_target(dtype=dtype, device=device)
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, model=target)
     return enable(AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()), AutoTokenizer.from_pretrained(target)
 
 

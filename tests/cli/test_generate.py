@@ -2,6 +2,8 @@
 measured, the verify policy's rounds and the identity check, and returns 0 (greedy, fp32) — for every kind of verify
 policy and the defaults; the order it times in (profile, warm-up, interleaved runs) with a fake clock."""
 
+import re
+
 import pytest
 import torch
 
@@ -117,12 +119,18 @@ def test_busy_machine_is_named_next_to_the_ratio(folders, capsys, monkeypatch, o
 
 
 def test_dtype_auto_names_its_choice_and_why(folders, capsys, monkeypatch, one_prompt):
+    """--dtype auto times a prefill and decode steps of the target in both dtypes (really: the tiny target), once,
+    and prints the choice with both figures."""
     target, drafter = folders
-    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: False)
+    asked = []
+    cost = loading.decode_cost
+    monkeypatch.setattr(loading, "decode_cost", lambda m, d, **kw: asked.append(d) or cost(m, d, **kw))
     argv = ["generate", "--prompts", str(one_prompt), "--target", str(target), "--drafter", str(drafter),
             "--max-new-tokens", "4", "--device", "cpu", "--threads", "1", "--verify", "all"]
     assert cli.main(argv) == 0
-    assert "[float32 (auto: this CPU has no native bf16 (no avx512_bf16 or AMX)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"\[(float32|bfloat16) \(auto: a 256-token prompt and 256 new tokens take [\d.e-]+ s in bf16", out), out
+    assert sorted(map(str, asked)) == ["torch.bfloat16", "torch.float32"]
 
 
 @pytest.mark.parametrize("near_tie", [True, False])
