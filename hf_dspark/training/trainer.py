@@ -13,6 +13,8 @@ import hashlib
 import json
 import math
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,43 +279,45 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
             history.append({"step": 0, **evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id)})
         _log(acc, out, history[-1], bar)
     start = step
-    while step < total:
-        if cfg.time_limit and step > 0 and _over_time(acc, t0, step - start, cfg.time_limit):
-            acc.print(f"time limit of {cfg.time_limit} min reached at step {step}/{total}; saving")
-            _save(acc, objective, opt, sched, out, step, plan)
-            break
-        epoch, batch = plan.batch(step)
-        mine = batch[acc.process_index :: acc.num_processes]  # this process's share of the global batch
-        ids, mask, lengths, keys = collate(mine, pad_id)
-        ids, mask, lengths = ids.to(acc.device), mask.to(acc.device), lengths.to(acc.device)
-        f, last = feats(keys, ids, lengths)
-        blocks = sample_blocks(ids, mask, lengths, cfg.num_anchors, cfg.block_size,
-                               drafter.config.mask_token_id, _generators(keys, cfg.seed, epoch))
-        with autocast():
-            terms = objective(f, last, blocks)
-        sums, denom = weighted_sums(terms, terms["valid"], weights.decay)
-        global_denom = acc.reduce(denom.detach(), "sum").clamp(min=1e-8)
-        # DDP averages gradients over processes: scale by their number so the result is Σ/Σ over the global batch.
-        loss = combine({k_: v / global_denom for k_, v in sums.items()}, weights) * acc.num_processes
-        opt.zero_grad(set_to_none=True)
-        acc.backward(loss)
-        gnorm = acc.clip_grad_norm_(objective.parameters(), cfg.clip)
-        opt.step()
-        sched.step()
-        step += 1
-        bar.update(1)
-        rec = {"step": step, "loss": float(acc.reduce(loss.detach(), "sum")) / acc.num_processes,
-               **{k_: float(acc.reduce(v.detach(), "sum") / global_denom) for k_, v in sums.items()},
-               "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0,
-               "precision": cfg.precision}
-        if cfg.eval_every and (step % cfg.eval_every == 0 or step == total):
+    with StopSignal() as stop:  # `kill <pid>`: finish the step, save, return
+        while step < total:
+            if step > 0 and _must_stop(acc, t0, step - start, cfg.time_limit, stop.received):
+                why = "a stop signal" if stop.received else f"the time limit of {cfg.time_limit} min"
+                acc.print(f"{why} reached at step {step}/{total}; saving")
+                _save(acc, objective, opt, sched, out, step, plan)
+                break
+            epoch, batch = plan.batch(step)
+            mine = batch[acc.process_index :: acc.num_processes]  # this process's share of the global batch
+            ids, mask, lengths, keys = collate(mine, pad_id)
+            ids, mask, lengths = ids.to(acc.device), mask.to(acc.device), lengths.to(acc.device)
+            f, last = feats(keys, ids, lengths)
+            blocks = sample_blocks(ids, mask, lengths, cfg.num_anchors, cfg.block_size,
+                                   drafter.config.mask_token_id, _generators(keys, cfg.seed, epoch))
             with autocast():
-                rec.update(evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id))
-        history.append(rec)
-        if step % cfg.log_every == 0 or "tau_t1" in rec:
-            _log(acc, out, rec, bar)
-        if step == total or (cfg.save_every and step % cfg.save_every == 0):
-            _save(acc, objective, opt, sched, out, step, plan)
+                terms = objective(f, last, blocks)
+            sums, denom = weighted_sums(terms, terms["valid"], weights.decay)
+            global_denom = acc.reduce(denom.detach(), "sum").clamp(min=1e-8)
+            # DDP averages gradients over processes: scale by their number so the result is Σ/Σ over the global batch.
+            loss = combine({k_: v / global_denom for k_, v in sums.items()}, weights) * acc.num_processes
+            opt.zero_grad(set_to_none=True)
+            acc.backward(loss)
+            gnorm = acc.clip_grad_norm_(objective.parameters(), cfg.clip)
+            opt.step()
+            sched.step()
+            step += 1
+            bar.update(1)
+            rec = {"step": step, "loss": float(acc.reduce(loss.detach(), "sum")) / acc.num_processes,
+                   **{k_: float(acc.reduce(v.detach(), "sum") / global_denom) for k_, v in sums.items()},
+                   "grad_norm": float(gnorm), "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0,
+                   "precision": cfg.precision}
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == total):
+                with autocast():
+                    rec.update(evaluate(acc.unwrap_model(objective), feats, val_recs, cfg, pad_id))
+            history.append(rec)
+            if step % cfg.log_every == 0 or "tau_t1" in rec:
+                _log(acc, out, rec, bar)
+            if step == total or (cfg.save_every and step % cfg.save_every == 0):
+                _save(acc, objective, opt, sched, out, step, plan)
     bar.close()
     target.to(target_dtype)
     final = next((h for h in reversed(history) if "tau_t1" in h), {})
@@ -361,11 +365,36 @@ def _check_same_run(saved: Path, cfg: TrainConfig) -> None:
                          "or use a new --output-dir")
 
 
-def _over_time(acc, t0: float, steps_done: int, limit_min: float) -> bool:
+def _must_stop(acc, t0: float, steps_done: int, limit_min: float | None, signalled: bool) -> bool:
+    """Before the next step: a stop signal arrived, or the next step would pass the time limit (every process
+    agrees, so all of them save the same step)."""
     elapsed = time.perf_counter() - t0
-    per_step = elapsed / max(1, steps_done)
-    over = torch.tensor(float(elapsed + per_step > 60 * limit_min))
-    return bool(acc.reduce(over, "max") > 0)  # every process stops at the same step
+    late = bool(limit_min) and elapsed + elapsed / max(1, steps_done) > 60 * limit_min
+    return bool(acc.reduce(torch.tensor(float(signalled or late)), "max") > 0)
+
+
+class StopSignal:
+    """SIGTERM / SIGINT while training: finish the current step, save and return, instead of losing every step
+    since the last checkpoint (`kill <pid>` is how a session hands its CPU back to a benchmark or ends a run).
+    A second signal acts as it did before (Ctrl-C twice interrupts at once)."""
+
+    def __init__(self):
+        self.received, self._old = False, {}
+
+    def __enter__(self) -> "StopSignal":
+        if threading.current_thread() is threading.main_thread():  # only the main thread may install handlers
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+        signal.signal(signum, self._old.pop(signum))
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old.clear()
 
 
 def _log(acc, out: Path, rec: dict, bar) -> None:

@@ -229,6 +229,40 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
         train(TrainConfig(output_dir=str(tmp_path / "cut"), **{**kw, "lr": 1e-3}), target=t, records=recs)
 
 
+def test_stop_signal_saves_the_step_and_resume_matches(tmp_path, monkeypatch):
+    """`kill <pid>` (SIGTERM) mid-run: the step in flight finishes, the run saves it and returns; resuming gives
+    the uninterrupted run's weights. Handlers are restored afterwards."""
+    import os
+    import signal
+
+    from hf_dspark.training import trainer
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 16, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 0, "save_every": 0, "lr": 3e-3, "max_steps": 5}
+    whole = train(TrainConfig(output_dir=str(tmp_path / "whole"), **kw), target=t, records=recs)["drafter"]
+    calls, blocks = [], trainer.sample_blocks
+
+    def signalled(*a, **k):  # the signal arrives during the third step
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return blocks(*a, **k)
+
+    monkeypatch.setattr(trainer, "sample_blocks", signalled)
+    before = signal.getsignal(signal.SIGTERM)
+    res = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)
+    assert [h["step"] for h in res["history"]] == [1, 2, 3] and len(calls) == 3
+    assert json.loads((tmp_path / "cut" / "progress.json").read_text())["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setattr(trainer, "sample_blocks", blocks)
+    resumed = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)["drafter"]
+    a, b = whole.state_dict(), resumed.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def test_bf16_training_runs_and_restores_the_target_dtype(tmp_path):
     from hf_dspark.training.trainer import TrainConfig, train
 
