@@ -2,6 +2,7 @@
 # The defaults table of docs/benchmarks.md ("Defaults: before and after") on whatever CPU this session has:
 # the CPU's identity, the profile re-measured quietly, then plain vs prompt lookup vs the default options per set.
 # Usage: bash scripts/bench_defaults.sh DTYPE [MODE] [LIMIT]   DTYPE float32|bf16, MODE greedy|t1, LIMIT prompts per set
+# (SETS="mbpp" benches one set only; default both.)
 # Nothing else may run meanwhile (pause background jobs: kill -STOP <pid>, then kill -CONT <pid>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ uptime >> "$OUT/cpu.txt"
 SAMPLE=()
 [ "$MODE" = t1 ] && SAMPLE=(--do-sample --temperature 1)
 "$HF" profile --dtype "$DTYPE" --threads 2 --force
-for ds in gsm8k mbpp; do
+for ds in ${SETS:-gsm8k mbpp}; do
   "$HF" bench "$SHARED/eval/$ds.jsonl" --limit "$LIMIT" --max-new-tokens 128 --policies "$POLICIES" \
     --dtype "$DTYPE" --threads 2 "${SAMPLE[@]}" --out "$OUT/$ds"
 done
