@@ -14,6 +14,7 @@ import json
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,10 +131,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu", 
     return DTYPES[dtype]
 
 
+def _is_converted(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+
+
 def default_target_path() -> Path:
-    """The safetensors folder of the embedded default target, converted from the GGUF on first use."""
+    """The safetensors folder of the embedded default target, converted from the GGUF on first use.
+
+    Safe when several processes convert at once (the answer job and the trainer started together): each
+    writes its own temporary folder and the first rename wins; the others keep the winner's folder.
+    """
     out = cache_dir() / DEFAULT_TARGET
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+    if _is_converted(out):
         return out
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate without importing (its __init__ needs llama_cpp)
     if spec is None or not spec.submodule_search_locations:
@@ -152,12 +161,20 @@ def default_target_path() -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.is_quantized = False
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a half-written folder is never taken for a converted one
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))  # one per process
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists() and not _is_converted(out):
+            shutil.rmtree(out, ignore_errors=True)  # a half-written folder from before the rename was atomic
+        try:
+            tmp.rename(out)  # atomic: a half-written folder is never taken for a converted one
+        except OSError:
+            if not _is_converted(out):  # not "another process won": a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

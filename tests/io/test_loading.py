@@ -64,3 +64,47 @@ def test_stop_string_and_streamer_on_real_text(smollm2):
                               assistant_model=drafter, streamer=streamer)
     assert spec.tolist() == plain.tolist() and plain.shape[1] < free.shape[1]
     assert "".join(streamer) == tok.decode(spec[0, ids.shape[1]:])
+
+
+class _FakeSaved:
+    """Stands in for the GGUF-loaded model and tokenizer: save_pretrained writes one named file."""
+
+    def __init__(self, name, during_save=None):
+        self.name, self.during_save, self.config = name, during_save, type("C", (), {})()
+
+    def save_pretrained(self, folder):
+        if self.during_save:
+            self.during_save()
+        (folder / self.name).write_text("mine")
+
+
+def test_conversion_keeps_the_folder_another_process_finished_first(tmp_path, monkeypatch):
+    from hf_dspark.io import loading
+
+    out = tmp_path / loading.DEFAULT_TARGET
+
+    def other_process_wins():  # another process converts and renames while this one is still writing
+        out.mkdir()
+        for name in ("model.safetensors", "tokenizer.json"):
+            (out / name).write_text("theirs")
+
+    monkeypatch.setattr(loading, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: _FakeSaved("model.safetensors", other_process_wins))
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: _FakeSaved("tokenizer.json"))
+    assert loading.default_target_path() == out
+    assert (out / "model.safetensors").read_text() == "theirs"  # the winner's folder is kept, not clobbered
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # this process's temporary folder is gone
+
+
+def test_conversion_replaces_a_half_written_folder(tmp_path, monkeypatch):
+    from hf_dspark.io import loading
+
+    out = tmp_path / loading.DEFAULT_TARGET
+    out.mkdir()
+    (out / "model.safetensors").write_text("half")  # no tokenizer.json: an interrupted old conversion
+    monkeypatch.setattr(loading, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: _FakeSaved("model.safetensors"))
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: _FakeSaved("tokenizer.json"))
+    assert loading.default_target_path() == out
+    assert (out / "model.safetensors").read_text() == "mine" and (out / "tokenizer.json").exists()
