@@ -163,22 +163,26 @@ def _config_dict(config, drop=()) -> dict:
     return d
 
 
+def make_key(config, device: torch.device | str, dtype: str, drafter_config=None) -> ProfileKey:
+    """The key of a measurement of the model with `config` on `device` in `dtype` (a name, or several joined
+    when one measurement compares dtypes), verified with a drafter of `drafter_config` if given."""
+    shapes = {"target": _config_dict(config)}
+    if drafter_config is not None:
+        shapes["drafter"] = _config_dict(drafter_config, drop=("confidence_temperatures", "calibration"))
+    digest = hashlib.sha256(json.dumps(shapes, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    name = getattr(config, "_name_or_path", "") or config.model_type
+    return ProfileKey(model=str(name), config_hash=digest, dtype=dtype, device=device_name(device),
+                      torch=torch.__version__)
+
+
 def profile_key(target, drafter) -> ProfileKey:
     """The key of `target` verified with `drafter` on the target's device and dtype."""
-    shapes = {
-        "target": _config_dict(target.config),
-        "drafter": _config_dict(drafter.config, drop=("confidence_temperatures",)),
-    }
-    digest = hashlib.sha256(json.dumps(shapes, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    name = getattr(target.config, "_name_or_path", "") or target.config.model_type
-    return ProfileKey(
-        model=str(name), config_hash=digest, dtype=str(target.dtype).removeprefix("torch."),
-        device=device_name(target.device), torch=torch.__version__,
-    )
+    return make_key(target.config, target.device, str(target.dtype).removeprefix("torch."), drafter.config)
 
 
-def profile_path(key: ProfileKey) -> Path:
-    return cache_dir() / "profiles" / f"{key.slug()}.json"
+def profile_path(key: ProfileKey, kind: str = "") -> Path:
+    """Where a measurement under `key` is cached; `kind` names measurements other than the device profile."""
+    return cache_dir() / "profiles" / f"{kind + '-' if kind else ''}{key.slug()}.json"
 
 
 def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DeviceProfile:
@@ -238,38 +242,63 @@ def measure_profile(target, drafter, cache_len: int = 256, warmup: int = 3, repe
         return _measure(target, drafter, cache_len, warmup, repeats, seed)
 
 
-def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile:
-    gamma = drafter.config.block_size
-    device = target.device
-    clock = _Clock(device)
+@dataclass
+class ForwardTimes:
+    """Seconds of target forwards on one KV cache (time_forwards)."""
+
+    prefill: float  # the forward of cache_len tokens that filled the cache
+    forward: dict[int, list[float]]  # k → each timed forward of k new tokens on that cache (rolled back after each)
+    rollback: list[float]  # each cache.crop after a timed forward
+
+
+@torch.no_grad()
+def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeats: int = 10, seed: int = 0,
+                  taps: list[int] | None = None) -> ForwardTimes:
+    """Time the target as decoding runs it: one untimed short forward (one-time allocations and kernel choice),
+    a timed `cache_len`-token prefill into a DynamicCache, then forwards of each k in `lengths` new tokens on that
+    cache (lengths in random order each repeat, `warmup` untimed repeats), each rolled back with cache.crop.
+    `taps`: hidden states requested as verification requests them. Token ids are random (costs do not depend on
+    them) from a seeded generator: the global RNG is not used."""
+    clock = _Clock(target.device)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     vocab = target.config.get_text_config().vocab_size
-    max_pos = getattr(target.config.get_text_config(), "max_position_embeddings", None)  # None: ALiBi (Bloom, MPT)
-    if max_pos is not None:
-        cache_len = max(1, min(cache_len, max_pos - gamma - 2))
-    taps = [i + 1 for i in drafter.config.target_layer_ids]
-    ids = lambda n: torch.randint(0, vocab, (1, n), generator=gen).to(device)  # noqa: E731
-
+    ids = lambda n: torch.randint(0, vocab, (1, n), generator=gen).to(target.device)  # noqa: E731
+    target(ids(max(1, cache_len // 4)), use_cache=True)
     cache = DynamicCache(config=target.config)
     # as transformers' assisted loop does: sliding-window layers keep their past so crop can roll back past the window
     cache.activate_past_recording()
+    t0 = clock.now()
     target(ids(cache_len), cache=cache, use_cache=True)
-    verify = {k: [] for k in range(1, gamma + 2)}
-    rollback = []
+    prefill = clock.now() - t0
+    times = ForwardTimes(prefill=prefill, forward={k: [] for k in lengths}, rollback=[])
+    extra = {"output_hidden_states": taps} if taps else {}
     for rep in range(warmup + repeats):
-        order = list(verify)
+        order = list(lengths)
         rng.shuffle(order)
         for k in order:
             t0 = clock.now()
-            target(ids(k), cache=cache, use_cache=True, output_hidden_states=taps)
+            target(ids(k), cache=cache, use_cache=True, **extra)
             t1 = clock.now()
             cache.crop(-k)  # transformers' crop takes the number of tokens to remove, negated
             t2 = clock.now()
             assert cache.get_seq_length() == cache_len, "cache roll-back did not restore the length"
             if rep >= warmup:
-                verify[k].append(t1 - t0)
-                rollback.append(t2 - t1)
+                times.forward[k].append(t1 - t0)
+                times.rollback.append(t2 - t1)
+    return times
+
+
+def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile:
+    gamma = drafter.config.block_size
+    clock = _Clock(target.device)
+    gen = torch.Generator().manual_seed(seed + 1)  # the drafter's inputs
+    max_pos = getattr(target.config.get_text_config(), "max_position_embeddings", None)  # None: ALiBi (Bloom, MPT)
+    if max_pos is not None:
+        cache_len = max(1, min(cache_len, max_pos - gamma - 2))
+    taps = [i + 1 for i in drafter.config.target_layer_ids]
+    timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps)
+    verify, rollback = timed.forward, timed.rollback
 
     verify_time = [statistics.median(verify[k]) for k in verify]
     rollback_time = statistics.median(rollback)

@@ -8,7 +8,7 @@ cache; every later load reads that folder (~2 s). Nothing here touches the Huggi
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
 from ..cache import cache_dir
-from ..decoding.profile import cpu_has_native_bf16, device_name
+from ..decoding.profile import cpu_has_native_bf16, make_key, profile_path, time_forwards
 from ..decoding.routing import enable
 from ..model.drafter import DSparkDrafter
 
@@ -73,15 +73,15 @@ def decode_dtype(model: str | Path, device: str | torch.device = "cpu") -> tuple
     device = torch.device(device)
     if device.type != "cpu":
         return auto_dtype(device)
-    key = {"model": str(model), "device": device_name(device), "torch": torch.__version__}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    path = cache_dir() / "profiles" / f"decode-dtype-{digest}.json"
+    key = make_key(AutoConfig.from_pretrained(model), device, "float32,bfloat16")
+    path = profile_path(key, kind="decode-dtype")
     if path.exists():
         cost = json.loads(path.read_text())["cost_ms"]
     else:
         cost = {name: decode_cost(model, DTYPES[name]) for name in ("float32", "bfloat16")}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "cost_ms": cost, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+        record = {"key": dataclasses.asdict(key), "cost_ms": cost, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        path.write_text(json.dumps(record, indent=2))
     prompt, new = REFERENCE_REQUEST
     total = {name: c["prefill"] + new * c["step"] for name, c in cost.items()}
     seen = (f"a {prompt}-token prompt and {new} new tokens take {total['bfloat16'] / 1e3:.3g} s in bf16 vs "
@@ -95,25 +95,11 @@ def decode_dtype(model: str | Path, device: str | torch.device = "cpu") -> tuple
 @torch.no_grad()
 def decode_cost(model: str | Path, dtype: torch.dtype, prompt: int = REFERENCE_REQUEST[0], warmup: int = 3,
                 repeats: int = 10) -> dict[str, float]:
-    """{"prefill": ms of a `prompt`-token forward, "step": median ms of a one-token forward after it} for the model
-    at `model` in `dtype` on the CPU (one warm-up prefill first; ids from a fixed generator, since the cost does not
-    depend on them, and the global RNG untouched)."""
+    """{"prefill": ms of a `prompt`-token forward, "step": median ms of a one-token forward on its cache} for the
+    model at `model` in `dtype` on the CPU, timed as the device profile times the target (profile.time_forwards)."""
     net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
-    gen = torch.Generator().manual_seed(0)
-    vocab = net.config.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (1, prompt), generator=gen)
-    net(ids[:, : max(1, prompt // 4)], use_cache=True)  # one-time costs (allocations, kernel selection)
-    cache = DynamicCache(config=net.config)
-    t0 = time.perf_counter()
-    net(ids, cache=cache, use_cache=True)
-    prefill, times = time.perf_counter() - t0, []
-    for i in range(warmup + repeats):
-        token = torch.randint(0, vocab, (1, 1), generator=gen)
-        t0 = time.perf_counter()
-        net(token, cache=cache, use_cache=True)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return {"prefill": 1e3 * prefill, "step": 1e3 * statistics.median(times)}
+    timed = time_forwards(net, [1], cache_len=prompt, warmup=warmup, repeats=repeats)
+    return {"prefill": 1e3 * timed.prefill, "step": 1e3 * statistics.median(timed.forward[1])}
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu", model: str | Path | None = None) \

@@ -370,7 +370,10 @@ def _must_stop(acc, t0: float, steps_done: int, limit_min: float | None, signall
     agrees, so all of them save the same step)."""
     elapsed = time.perf_counter() - t0
     late = bool(limit_min) and elapsed + elapsed / max(1, steps_done) > 60 * limit_min
-    return bool(acc.reduce(torch.tensor(float(signalled or late)), "max") > 0)
+    if acc.num_processes == 1:
+        return signalled or late
+    # a signal may reach one process only; one scalar all-reduce a step is small beside the gradients' own
+    return bool(acc.reduce(torch.tensor(float(signalled or late), device=acc.device), "max") > 0)
 
 
 class StopSignal:

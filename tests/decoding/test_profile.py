@@ -55,6 +55,19 @@ def test_measuring_leaves_the_global_rng_alone(pair):
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_time_forwards_times_what_it_was_asked_on_a_restored_cache():
+    """The one timing loop of the device profile and of decode_dtype: each length timed `repeats` times, the
+    prefill timed once, and the global RNG untouched (ids come from its own generator)."""
+    model = tiny_target()  # built before seeding: building draws from the global RNG
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    timed = prof.time_forwards(model, [1, 3], cache_len=12, warmup=1, repeats=4, taps=[1])
+    assert torch.equal(torch.rand(3), expected)
+    assert sorted(timed.forward) == [1, 3] and all(len(ts) == 4 for ts in timed.forward.values())
+    assert timed.prefill > 0 and len(timed.rollback) == 8 and min(min(timed.forward.values())) > 0
+
+
 def test_save_load_round_trip(pair, tmp_path):
     p = measure_profile(*pair, cache_len=8, warmup=0, repeats=1)
     path = p.save(tmp_path / "p.json")

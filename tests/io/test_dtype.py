@@ -6,6 +6,7 @@ reason; an explicit dtype always wins."""
 import pytest
 import torch
 
+from hf_dspark.decoding import profile
 from hf_dspark.io import loading
 
 
@@ -35,6 +36,14 @@ def test_cuda_without_bf16_is_float32(monkeypatch):
     assert loading.auto_dtype("cuda") == (torch.bfloat16, "Old GPU supports bf16")
 
 
+def model_folder(path):
+    """A folder with a tiny target's config: what decode_dtype reads to key its measurement."""
+    from tests.conftest import tiny_target
+
+    tiny_target().config.save_pretrained(path)
+    return path
+
+
 def fake_costs(monkeypatch, costs: dict) -> list:
     """decode_cost answers from `costs` {dtype: (prefill ms, step ms)}; → the (model, dtype) pairs it was asked for."""
     asked = []
@@ -57,16 +66,18 @@ def test_auto_for_decoding_is_measured_once_per_model_and_cpu(tmp_path, monkeypa
     """bf16 only when a 256-token prompt plus 256 new tokens take at most 90 % of float32's time; measured once per
     model and CPU, then read back; another CPU (device_name) or model measures again."""
     monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    some, other = model_folder(tmp_path / "some"), model_folder(tmp_path / "other")
     asked = fake_costs(monkeypatch, {torch.float32: fp32, torch.bfloat16: bf16})
-    dtype, why = loading.decode_dtype("some/model", "cpu")
+    dtype, why = loading.decode_dtype(some, "cpu")
     assert dtype == want and f"{(fp32[0] + 256 * fp32[1]) / 1e3:.3g} s in float32" in why, why
     assert f"step {bf16[1]:.3g} vs {fp32[1]:.3g} ms" in why, why
     assert len(asked) == 2
-    assert loading.decode_dtype("some/model", "cpu") == (dtype, why) and len(asked) == 2  # cached
-    assert loading.resolve_dtype("auto", "cpu", model="some/model") == want and len(asked) == 2
-    monkeypatch.setattr(loading, "device_name", lambda device: "another CPU (2 threads)")
-    loading.decode_dtype("some/model", "cpu")
-    loading.decode_dtype("other/model", "cpu")
+    assert loading.decode_dtype(some, "cpu") == (dtype, why) and len(asked) == 2  # cached
+    assert loading.resolve_dtype("auto", "cpu", model=some) == want and len(asked) == 2
+    assert [p.name.startswith("decode-dtype-") for p in (tmp_path / "profiles").iterdir()] == [True]
+    monkeypatch.setattr(profile, "device_name", lambda device: "another CPU (2 threads)")
+    loading.decode_dtype(some, "cpu")
+    loading.decode_dtype(other, "cpu")
     assert len(asked) == 6
 
 
