@@ -49,7 +49,7 @@ def main(args) -> int:
     rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)
     out = Path(args.output or args.drafter)
     out.mkdir(parents=True, exist_ok=True)
-    report = calibrate(drafter, rounds, plot=out / "reliability.png")
+    report = calibrate(drafter, rounds, args.temperature, plot=out / "reliability.png")
     report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     # Keep the checkpoint's stored dtype (the shipped drafter is bf16): the target's dtype is only for running.
     stored = args.save_dtype

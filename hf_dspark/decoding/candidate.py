@@ -52,7 +52,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.unfused: list[torch.Tensor] = []  # tapped features [1, rows, m·d] of positions not in context_kv yet
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
-        self.verify_policy = VerifyPolicy.for_drafter(drafter, target)  # drafter.verify_policy, resolved once
+        temperature = (generation_config.temperature if generation_config.temperature is not None else 1.0) \
+            if self.do_sample else 0.0
+        self.verify_policy = VerifyPolicy.for_drafter(drafter, target, temperature)  # resolved once per call
         self.ngrams = NgramIndex() if drafter.options.ngram_drafts else None
         drafter.last_stats = self.stats
 

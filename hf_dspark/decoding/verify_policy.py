@@ -33,7 +33,8 @@ Other policies take them all up to `max_ngram_drafts`: the static k, else γ.
 
 Built not to lose to plain: under "auto" and "scheduler" a DraftGate (scheduler.py) watches what drafter rounds
 commit against what they cost on the profile and turns them into plain target steps while they do not pay
-(probing again at doubling intervals); n-gram drafts are verified only as far as their learnt survival pays on
+(probing again at doubling intervals; a drafter calibrated at the call's temperature starts it from what its
+calibration measured, config.calibration, so a call does not relearn it); n-gram drafts are verified only as far as their learnt survival pays on
 the same profile (an estimate: the first lookups of a generate() call follow its prior). "all", static k and
 thresholds have no profile and no gate: they are for experiments.
 """
@@ -51,6 +52,7 @@ from .scheduler import (
     best_prefix_length,
     best_prefix_reach,
     max_verified,
+    monotone_envelope,
     static_threshold_length,
 )
 
@@ -58,7 +60,8 @@ from .scheduler import (
 class VerifyPolicy:
     """The policy of one generate() call, resolved once (profile loaded or measured up front, not mid-decode)."""
 
-    def __init__(self, spec, drafter, target):
+    def __init__(self, spec, drafter, target, temperature: float | None = None):
+        """temperature: the call's sampling temperature, 0 for greedy, None if unknown (no gate prior)."""
         self.spec, self.drafter = spec, drafter
         self.profile = None
         self.needs_confidence = False
@@ -89,7 +92,7 @@ class VerifyPolicy:
             # an n-gram round pays no drafter, only the roll-back; its length is a best prefix, not the walk
             self.max_ngram_drafts = min(best_prefix_reach(self.profile.verify_time, self.profile.rollback_time),
                                         self.max_ngram_drafts)
-            self.gate = DraftGate(self.profile.verify_time, overhead)
+            self.gate = DraftGate(self.profile.verify_time, overhead, prior=self._gate_prior(temperature))
             self.ngram_survival = SurvivalEstimate()
         else:
             raise ValueError(
@@ -100,8 +103,20 @@ class VerifyPolicy:
             raise ValueError(f"verify_policy={spec!r} needs the drafter's confidence head (confidence_head=True)")
 
     @classmethod
-    def for_drafter(cls, drafter, target) -> "VerifyPolicy":
-        return cls(drafter.options.verify_policy, drafter, target)
+    def for_drafter(cls, drafter, target, temperature: float | None = None) -> "VerifyPolicy":
+        return cls(drafter.options.verify_policy, drafter, target, temperature)
+
+    def _gate_prior(self, temperature: float | None) -> tuple[float, float] | None:
+        """(accepted drafts, seconds) of a drafted round as this policy would run it, from the survival the
+        drafter's calibration measured (config.calibration), if this call decodes at the temperature calibrated
+        for; else None (the gate learns from scratch). The length is the policy's own on the conditional rates."""
+        cal = self.drafter.config.calibration
+        if cal is None or temperature is None or abs(float(cal["temperature"]) - float(temperature)) > 1e-6:
+            return None
+        rates = [float(r) for r in cal["prefix_survival"][: self.max_drafts]]
+        conditional = [b / a if a > 0 else 0.0 for a, b in zip([1.0] + rates, rates)]
+        n = int(self._length(torch.tensor(conditional), len(rates)))
+        return sum(rates[:n]), self.profile.round_overhead + monotone_envelope(self.profile.verify_time)[n]
 
     def should_draft(self) -> bool:
         """Whether this round drafts at all (always, except under the scheduler's DraftGate). Call once per round

@@ -83,6 +83,9 @@ class DSparkConfig(PretrainedConfig):
         confidence_head_with_markov (`bool`, defaults to True): the confidence head reads [h ; W1[prev]] (else h only).
         confidence_temperatures (`list[float]`): per-position temperatures fitted by
             `hf-dspark calibrate` (sequential temperature scaling); 1.0 = uncalibrated.
+        calibration (`dict`, *optional*): what calibration measured, `{"temperature": t, "prefix_survival": [γ]}`
+            (the fraction of held-out rounds whose first k drafts all survived, sampling at t; 0 = greedy). The
+            draft gate starts from it when decoding at that temperature, instead of learning it again every call.
         qk_norm (`bool`, defaults to True): per-head RMSNorm on queries/keys (Qwen3-style drafter layers).
         layer_variant (`str`, defaults to "default"): "default" = pre-norm Llama/Qwen3 layers; "gemma4" = DeepSpec's
             Gemma-4 drafter layers (sandwich norms, fp32 Gemma RMSNorm, scale-free RMSNorm on V, attention scale 1,
@@ -108,6 +111,7 @@ class DSparkConfig(PretrainedConfig):
         confidence_head: bool = True,
         confidence_head_with_markov: bool = True,
         confidence_temperatures: list[float] | None = None,
+        calibration: dict | None = None,
         qk_norm: bool = True,
         layer_variant: str = "default",
         attention_k_eq_v: bool = False,
@@ -142,6 +146,7 @@ class DSparkConfig(PretrainedConfig):
             list(confidence_temperatures) if confidence_temperatures is not None
             else [1.0] * block_size if type(block_size) is int and block_size > 0 else []  # else validate() names it
         )
+        self.calibration = dict(calibration) if calibration is not None else None
         self.qk_norm = qk_norm
         self.layer_variant = layer_variant
         self.attention_k_eq_v = attention_k_eq_v
@@ -186,6 +191,16 @@ class DSparkConfig(PretrainedConfig):
             )
         if any(not t > 0 for t in self.confidence_temperatures):
             raise ValueError(f"confidence_temperatures must be > 0, got {self.confidence_temperatures}")
+        if self.calibration is not None:
+            c = self.calibration
+            rates = c.get("prefix_survival")
+            if (set(c) != {"temperature", "prefix_survival"} or not isinstance(c["temperature"], (int, float))
+                    or c["temperature"] < 0 or not isinstance(rates, list) or len(rates) != self.block_size
+                    or any(not 0 <= r <= 1 for r in rates) or any(b > a for a, b in zip(rates, rates[1:]))):
+                raise ValueError(
+                    "calibration must be {'temperature': t >= 0, 'prefix_survival': [block_size non-increasing "
+                    f"rates in [0, 1]]}}, got {c!r}"
+                )
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
         ids = self.target_layer_ids

@@ -151,8 +151,10 @@ def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed:
     return [p["prompt"] for p in prompts[:limit]]
 
 
-def calibrate(drafter, rounds, plot: str | Path | None = None) -> dict:
-    """Fit STS on `rounds`, write the temperatures into drafter.config; returns the report."""
+def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = None) -> dict:
+    """Fit STS on `rounds` (collected sampling at `temperature`, 0 = greedy), write the temperatures and the
+    measured prefix survival (`config.calibration`, the draft gate's prior at that temperature) into
+    drafter.config; returns the report."""
     gamma = drafter.config.block_size
     old = list(drafter.config.confidence_temperatures)
     z, y, valid = rounds_to_arrays(rounds, gamma, old)
@@ -167,6 +169,11 @@ def calibrate(drafter, rounds, plot: str | Path | None = None) -> dict:
         "temperatures": temps,
     }
     drafter.config.confidence_temperatures = temps
+    prefix, low = [], 1.0
+    for rate in report["prefix_survival_rate"]:  # a position nobody reached counts as never surviving
+        low = min(low, rate if rate is not None else 0.0)  # rates come from slightly different rounds: keep them monotone
+        prefix.append(low)
+    drafter.config.calibration = {"temperature": float(temperature), "prefix_survival": prefix}
     if plot:
         reliability_plot(z, y, valid, ones, temps, plot)
     return report

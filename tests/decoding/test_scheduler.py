@@ -383,7 +383,8 @@ def test_best_prefix_reach_passes_the_walks_on_a_steep_curve():
     assert best_prefix_length([0.8] * 7, zen3_bf16, 0.4) == 3
 
 
-def _coin_flip_calls(p: float, calls: int = 300, rounds: int = 100, seed: int = 0) -> tuple[float, float]:
+def _coin_flip_calls(p: float, calls: int = 300, rounds: int = 100, seed: int = 0,
+                     prior: tuple[float, float] | None = None) -> tuple[float, float]:
     """One verified draft per drafted round, surviving with probability p (temperature 1), on the Zen 3's bf16 curve
     (a drafted round costs 24.6 + 70.3 ms, a plain step 54.65: break-even at 0.74 accepted). A fresh gate per
     100-round call, as each generate() starts one. → (drafted rounds per call, time lost as a fraction of plain)."""
@@ -391,7 +392,7 @@ def _coin_flip_calls(p: float, calls: int = 300, rounds: int = 100, seed: int = 
     step, draft = [54.65, 70.3, 90.8], 24.6
     drafted = lost = 0.0
     for _ in range(calls):
-        gate = DraftGate(step, draft)
+        gate = DraftGate(step, draft, prior=prior)
         for _ in range(rounds):
             if gate.should_draft():
                 accepted = int(rng.random() < p)
@@ -411,3 +412,26 @@ def test_gate_is_not_reopened_by_lucky_coin_flips():
     assert drafted < 15 and lost < 0.035, (drafted, lost)
     drafted, lost = _coin_flip_calls(0.9)
     assert drafted > 75 and lost < -0.1, (drafted, lost)
+
+
+def test_a_calibrated_prior_skips_most_of_each_calls_ramp():
+    """The drafter's calibration said 0.49 accepted drafts a round at this temperature (below the 0.74 this curve
+    needs): the gate starts closed, its wait where three failed probes leave it, and each call loses ~1 % where it
+    lost 2.8 %. The same prior on a prompt where drafts do pay (0.9) still reopens the gate and gains, less than
+    without the prior (it reopens later); a prior that pays leaves the gate open from the first round."""
+    cost = 24.6 + 70.3
+    drafted, lost = _coin_flip_calls(0.49, prior=(0.49, cost))
+    _, lost_without = _coin_flip_calls(0.49)
+    assert lost < 0.0125 and lost_without - lost > 0.015, (lost, lost_without)
+    drafted, lost = _coin_flip_calls(0.9, prior=(0.49, cost))
+    assert drafted > 25 and lost < -0.04, (drafted, lost)
+    gate = DraftGate([54.65, 70.3, 90.8], 24.6, prior=(0.49, cost))
+    assert not gate.should_draft() and gate.wait == 8
+    gate = DraftGate([54.65, 70.3, 90.8], 24.6, prior=(0.9, cost))
+    assert _run_gate(gate, lambda r: 1, 20, verified=1) == list(range(20))
+
+
+def test_gate_prior_must_be_counts_and_seconds():
+    for bad in ((-0.1, 1.0), (0.5, 0.0), (0.5, float("nan"))):
+        with pytest.raises(ValueError, match="prior"):
+            DraftGate(SMOLLM2_2T, 23.0, prior=bad)

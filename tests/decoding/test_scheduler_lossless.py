@@ -366,3 +366,38 @@ def test_ngram_drafts_come_back_when_lookups_start_to_match(monkeypatch):
     early, late = kinds[:wrong_rounds], kinds[wrong_rounds:]
     assert 1 <= sum(early) <= 3, kinds  # the prior's first lookups, then no more while they are wrong
     assert sum(late) >= 5, kinds  # ... and n-gram rounds again once they match
+
+
+def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
+    """config.calibration's prefix survival, at the temperature it was measured at (0 = greedy), becomes the gate's
+    prior: the policy's own length on the conditional rates, its accepted drafts and cost on the profile. Another
+    temperature, or no calibration, gives no prior."""
+    from hf_dspark.decoding.verify_policy import VerifyPolicy
+
+    model, drafter = scheduled_setup("auto", [1.0, 1.1, 1.2, 1.3])
+    assert VerifyPolicy("auto", drafter, model, temperature=1.0)._gate_prior(1.0) is None  # not calibrated
+    drafter.config.calibration = {"temperature": 1.0, "prefix_survival": [0.8, 0.6, 0.1]}
+    policy = VerifyPolicy("auto", drafter, model, temperature=1.0)
+    n = policy.length(torch.tensor([0.8, 0.75, 0.1 / 0.6]), 3)
+    assert n == 2  # the third draft (conditional 1/6) does not pay for its 0.1 s on this curve
+    assert policy._gate_prior(1.0) == pytest.approx((0.8 + 0.6, 1.2))
+    assert (policy.gate.accepted, policy.gate.cost) == pytest.approx((1.4, 1.2))
+    assert VerifyPolicy("auto", drafter, model, temperature=0.7).gate.accepted is None
+    assert VerifyPolicy("auto", drafter, model, temperature=0.0).gate.accepted is None
+    assert VerifyPolicy("auto", drafter, model).gate.accepted is None
+
+
+def test_sampling_exact_with_a_gate_that_starts_closed():
+    """A calibration prior that does not pay: every call starts with plain steps and probes from round 9; the
+    samples must still follow the target's law, and some calls must both skip and draft."""
+    model, drafter = scheduled_setup("scheduler", [1.0, 1.6, 1.9, 2.1])
+    drafter.device_profile.draft_time = 0.5  # a drafted round costs more than a plain step even verifying nothing
+    drafter.config.calibration = {"temperature": 1.0, "prefix_survival": [0.05, 0.01, 0.0]}
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"gate with a prior: samples deviate from the target's law (p={p:.2e})"
+    torch.manual_seed(0)
+    model.generate(PROMPT, do_sample=True, max_new_tokens=40, assistant_model=drafter)
+    drafted = [r.drafted > 0 for r in drafter.last_stats.rounds if r.source == "dspark"]
+    assert not any(drafted[:8]) and any(drafted), drafted

@@ -55,6 +55,13 @@ def test_config_validation():
         DSparkConfig(block_size=1000, target_layer_ids=[0], mask_token_id=1)
     with pytest.raises(ValueError, match="strictly increasing"):
         DSparkConfig(target_layer_ids=[2, 1], mask_token_id=1)
+    ok = {"temperature": 1.0, "prefix_survival": [0.5, 0.2, 0.1]}
+    assert DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=ok).calibration == ok
+    for bad in ({"temperature": 1.0, "prefix_survival": [0.5, 0.2]}, {"temperature": 1.0, "prefix_survival": [0.2, 0.5, 0.1]},
+                {"temperature": -1.0, "prefix_survival": [0.5, 0.2, 0.1]}, {"prefix_survival": [0.5, 0.2, 0.1]},
+                {"temperature": 1.0, "prefix_survival": [1.5, 0.2, 0.1]}):
+        with pytest.raises(ValueError, match="calibration"):
+            DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=bad)
 
 
 def test_save_load_round_trip_stores_no_target_weights(tmp_path):

@@ -69,6 +69,15 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
     assert rounds and all(r.source == "dspark" and r.verified == r.drafted for r in rounds)
     assert max(r.drafted for r in rounds) == 4
     assert (drafter.verify_policy, drafter.ngram_drafts) == (1, True)
+    # calibrating stores what it measured: the draft gate's prior when decoding at this temperature (greedy)
+    from hf_dspark.training.calibration import calibrate
+
+    report = calibrate(drafter, rounds, temperature=0)
+    prior = drafter.config.calibration
+    assert prior["temperature"] == 0.0 and len(prior["prefix_survival"]) == 4
+    assert all(a >= b for a, b in zip(prior["prefix_survival"], prior["prefix_survival"][1:]))
+    assert prior["prefix_survival"][0] == report["prefix_survival_rate"][0]
+    type(drafter.config).from_dict(drafter.config.to_dict()).validate()  # round-trips through config.json
 
 
 def test_holdout_prompts_per_file_takes_only_never_answered_prompts_from_every_source(tmp_path):
