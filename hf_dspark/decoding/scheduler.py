@@ -23,6 +23,14 @@ def survival(conf: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(torch.as_tensor(conf, dtype=torch.float64).clamp(0.0, 1.0), dim=-1)
 
 
+def conditional_survival(prefix: torch.Tensor) -> torch.Tensor:
+    """The inverse of `survival`: prefix survival a [..., γ] → conditional c_k = a_k / a_{k-1} [..., γ] (float64;
+    0 past a prefix that has died, a_{k-1} = 0)."""
+    a = torch.as_tensor(prefix, dtype=torch.float64).clamp(0.0, 1.0)
+    before = torch.cat([torch.ones_like(a[..., :1]), a[..., :-1]], dim=-1)
+    return torch.where(before > 0, a / before.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(a))
+
+
 def greedy_admission(conf: torch.Tensor, sps_table: Sequence[float]) -> list[int]:
     """Algorithm 1: greedy admission with early stop. Maximises Θ = τ_tot · SPS(B) along the walk.
 
@@ -163,8 +171,8 @@ class DraftGate:
     (C - (1 + A)·T(1): what the drafted round cost beyond plain steps for the same tokens) spread over the wait
     is at most `budget` (default 1 %) of a plain step, and resets after a probe that pays. So a drafter that has
     stopped paying makes decoding at most ~`budget` slower than plain, once the wait has grown (log2 of it probes).
-    That ramp is paid by every generate() call; a `prior` (what a drafted round accepted and cost when the drafter
-    was calibrated at this temperature) starts the averages there instead, and, if it does not pay, the wait where
+    That ramp is paid by every generate() call; a `prior` (how many drafts a drafted round verified and how many it
+    accepted when the drafter was calibrated at this temperature) starts the averages there instead, and, if it does not pay, the wait where
     PRIOR_PROBES failed probes would have left it (a prompt that does pay still reopens the gate, a little later).
 
     Lossless: the decision for a round depends only on the prior and earlier rounds' outcomes, never on the round's own drafts,
@@ -184,17 +192,23 @@ class DraftGate:
         self.cost: float | None = None  # EMA of seconds per drafted round
         self.skipped, self.wait, self.probing = 0, 1, False
         if prior is not None:
-            # (accepted drafts, seconds) of a drafted round, known before the call (the drafter's calibration at
-            # this temperature): the averages start there, and a prior that does not pay counts as PRIOR_PROBES
-            # failed probes (the wait they would have reached, at most the budget's), so a call skips that much
-            # of the ramp, yet a prompt on which the drafter does pay is found within a few probes.
-            accepted, cost = (float(x) for x in prior)
-            if not (accepted >= 0 and cost > 0):
-                raise ValueError(f"prior must be (accepted >= 0, cost > 0), got {prior}")
-            self.accepted, self.cost = accepted, cost
+            # (accepted drafts, verified drafts) of a drafted round, known before the call (the drafter's
+            # calibration at this temperature), priced like any round: the averages start there, and a prior that
+            # does not pay counts as PRIOR_PROBES failed probes (the wait they would have reached, at most the
+            # budget's), so a call skips that much of the ramp, yet a prompt on which the drafter does pay is
+            # found within a few probes.
+            accepted, verified = prior
+            if not (float(accepted) >= 0 and isinstance(verified, int) and 0 <= verified and accepted <= verified):
+                raise ValueError(f"prior must be (accepted drafts >= 0, verified drafts: an int >= accepted), "
+                                 f"got {prior}")
+            self.accepted, self.cost = float(accepted), self.round_cost(verified)
             for _ in range(self.PRIOR_PROBES):
                 if self._probe_loss() > self.budget * self.wait * self.env[0]:
                     self.wait *= 2
+
+    def round_cost(self, verified: int) -> float:
+        """Seconds of a drafted round that verifies `verified` drafts: drafting plus the (1 + verified)-token pass."""
+        return self.draft_time + self.env[min(verified, len(self.env) - 1)]
 
     def _probe_loss(self) -> float:
         """Seconds a drafted round loses against plain steps for the same tokens, on the averages (< 0: it pays)."""
@@ -212,7 +226,7 @@ class DraftGate:
         if not drafted:
             self.skipped += 1
             return
-        cost = self.draft_time + self.env[min(verified, len(self.env) - 1)]
+        cost = self.round_cost(verified)
         if self.accepted is None:
             self.accepted, self.cost = float(accepted), cost
         else:

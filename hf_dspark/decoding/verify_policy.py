@@ -51,8 +51,8 @@ from .scheduler import (
     SurvivalEstimate,
     best_prefix_length,
     best_prefix_reach,
+    conditional_survival,
     max_verified,
-    monotone_envelope,
     static_threshold_length,
 )
 
@@ -106,17 +106,16 @@ class VerifyPolicy:
     def for_drafter(cls, drafter, target, temperature: float | None = None) -> "VerifyPolicy":
         return cls(drafter.options.verify_policy, drafter, target, temperature)
 
-    def _gate_prior(self, temperature: float | None) -> tuple[float, float] | None:
-        """(accepted drafts, seconds) of a drafted round as this policy would run it, from the survival the
+    def _gate_prior(self, temperature: float | None) -> tuple[float, int] | None:
+        """(accepted drafts, verified drafts) of a drafted round as this policy would run it, from the survival the
         drafter's calibration measured (config.calibration), if this call decodes at the temperature calibrated
         for; else None (the gate learns from scratch). The length is the policy's own on the conditional rates."""
         cal = self.drafter.config.calibration
         if cal is None or temperature is None or abs(float(cal["temperature"]) - float(temperature)) > 1e-6:
             return None
-        rates = [float(r) for r in cal["prefix_survival"][: self.max_drafts]]
-        conditional = [b / a if a > 0 else 0.0 for a, b in zip([1.0] + rates, rates)]
-        n = int(self._length(torch.tensor(conditional), len(rates)))
-        return sum(rates[:n]), self.profile.round_overhead + monotone_envelope(self.profile.verify_time)[n]
+        prefix = torch.tensor([float(r) for r in cal["prefix_survival"][: self.max_drafts]], dtype=torch.float64)
+        n = int(self._length(conditional_survival(prefix), len(prefix)))
+        return float(prefix[:n].sum()), n
 
     def should_draft(self) -> bool:
         """Whether this round drafts at all (always, except under the scheduler's DraftGate). Call once per round

@@ -11,6 +11,7 @@ from hf_dspark.decoding.scheduler import (
     DraftGate,
     best_prefix_length,
     best_prefix_reach,
+    conditional_survival,
     greedy_admission,
     max_verified,
     monotone_envelope,
@@ -384,7 +385,7 @@ def test_best_prefix_reach_passes_the_walks_on_a_steep_curve():
 
 
 def _coin_flip_calls(p: float, calls: int = 300, rounds: int = 100, seed: int = 0,
-                     prior: tuple[float, float] | None = None) -> tuple[float, float]:
+                     prior: tuple[float, int] | None = None) -> tuple[float, float]:
     """One verified draft per drafted round, surviving with probability p (temperature 1), on the Zen 3's bf16 curve
     (a drafted round costs 24.6 + 70.3 ms, a plain step 54.65: break-even at 0.74 accepted). A fresh gate per
     100-round call, as each generate() starts one. → (drafted rounds per call, time lost as a fraction of plain)."""
@@ -419,19 +420,26 @@ def test_a_calibrated_prior_skips_most_of_each_calls_ramp():
     needs): the gate starts closed, its wait where three failed probes leave it, and each call loses ~1 % where it
     lost 2.8 %. The same prior on a prompt where drafts do pay (0.9) still reopens the gate and gains, less than
     without the prior (it reopens later); a prior that pays leaves the gate open from the first round."""
-    cost = 24.6 + 70.3
-    drafted, lost = _coin_flip_calls(0.49, prior=(0.49, cost))
+    drafted, lost = _coin_flip_calls(0.49, prior=(0.49, 1))
     _, lost_without = _coin_flip_calls(0.49)
     assert lost < 0.0125 and lost_without - lost > 0.015, (lost, lost_without)
-    drafted, lost = _coin_flip_calls(0.9, prior=(0.49, cost))
+    drafted, lost = _coin_flip_calls(0.9, prior=(0.49, 1))
     assert drafted > 25 and lost < -0.04, (drafted, lost)
-    gate = DraftGate([54.65, 70.3, 90.8], 24.6, prior=(0.49, cost))
+    gate = DraftGate([54.65, 70.3, 90.8], 24.6, prior=(0.49, 1))
+    assert gate.cost == pytest.approx(24.6 + 70.3)  # priced like a drafted round that verified one draft
     assert not gate.should_draft() and gate.wait == 8
-    gate = DraftGate([54.65, 70.3, 90.8], 24.6, prior=(0.9, cost))
+    gate = DraftGate([54.65, 70.3, 90.8], 24.6, prior=(0.9, 1))
     assert _run_gate(gate, lambda r: 1, 20, verified=1) == list(range(20))
 
 
-def test_gate_prior_must_be_counts_and_seconds():
-    for bad in ((-0.1, 1.0), (0.5, 0.0), (0.5, float("nan"))):
+def test_gate_prior_must_be_accepted_and_verified_counts():
+    for bad in ((-0.1, 1), (0.5, 1.0), (0.5, -1), (2.0, 1), (float("nan"), 1)):
         with pytest.raises(ValueError, match="prior"):
             DraftGate(SMOLLM2_2T, 23.0, prior=bad)
+
+
+def test_conditional_survival_inverts_survival():
+    conf = torch.tensor([[0.9, 0.5, 0.25, 1.0], [0.3, 0.0, 0.7, 0.2]])
+    back = conditional_survival(survival(conf))
+    assert torch.allclose(back[0], conf[0].double())
+    assert back[1].tolist() == pytest.approx([0.3, 0.0, 0.0, 0.0])  # nothing survives past a dead prefix

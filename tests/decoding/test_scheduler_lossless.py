@@ -370,7 +370,7 @@ def test_ngram_drafts_come_back_when_lookups_start_to_match(monkeypatch):
 
 def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
     """config.calibration's prefix survival, at the temperature it was measured at (0 = greedy), becomes the gate's
-    prior: the policy's own length on the conditional rates, its accepted drafts and cost on the profile. Another
+    prior: the policy's own length on the conditional rates and its accepted drafts, priced by the gate on the profile. Another
     temperature, or no calibration, gives no prior."""
     from hf_dspark.decoding.verify_policy import VerifyPolicy
 
@@ -380,8 +380,8 @@ def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
     policy = VerifyPolicy("auto", drafter, model, temperature=1.0)
     n = policy.length(torch.tensor([0.8, 0.75, 0.1 / 0.6]), 3)
     assert n == 2  # the third draft (conditional 1/6) does not pay for its 0.1 s on this curve
-    assert policy._gate_prior(1.0) == pytest.approx((0.8 + 0.6, 1.2))
-    assert (policy.gate.accepted, policy.gate.cost) == pytest.approx((1.4, 1.2))
+    assert policy._gate_prior(1.0) == (pytest.approx(0.8 + 0.6), 2)
+    assert (policy.gate.accepted, policy.gate.cost) == pytest.approx((1.4, 1.2))  # priced on the profile
     assert VerifyPolicy("auto", drafter, model, temperature=0.7).gate.accepted is None
     assert VerifyPolicy("auto", drafter, model, temperature=0.0).gate.accepted is None
     assert VerifyPolicy("auto", drafter, model).gate.accepted is None
