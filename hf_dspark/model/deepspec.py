@@ -297,11 +297,14 @@ def fingerprint(fc_weight: torch.Tensor) -> str:
     return hashlib.sha256(fc_weight.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def write_calibration(folder, temperatures, fc_weight: torch.Tensor, **info) -> Path:
-    """Write `dspark_calibration.json` (per-position STS temperatures) beside a DeepSpec checkpoint."""
+def write_calibration(folder, temperatures, fc_weight: torch.Tensor, calibration: dict | None = None, **info) -> Path:
+    """Write `dspark_calibration.json` beside a DeepSpec checkpoint: the per-position STS temperatures and, if
+    given, what the calibration measured (`config.calibration`: the draft gate's prior, verify_policy.py)."""
     out = Path(folder) / CALIBRATION_FILE
     payload = {"format": "hf_dspark.calibration/1", "confidence_temperatures": [float(t) for t in temperatures],
                "fc_weight_sha256": fingerprint(fc_weight), **info}
+    if calibration is not None:
+        payload["calibration"] = calibration
     out.write_text(json.dumps(payload, indent=2))
     return out
 
@@ -313,23 +316,31 @@ def save_calibration(drafter, folder=None, **info) -> Path:
     if src is None:
         raise ValueError("this drafter was not loaded from a DeepSpec checkpoint: use drafter.save_pretrained")
     fc = _tensor(read_header(weight_files(src))["fc.weight"])
-    return write_calibration(folder or src, drafter.config.confidence_temperatures, fc, **info)
+    return write_calibration(folder or src, drafter.config.confidence_temperatures, fc, drafter.config.calibration,
+                             **info)
 
 
-def _read_calibration(path, config: DSparkConfig, fc_weight: torch.Tensor, explicit) -> list[float] | None:
+def _read_calibration(path, config: DSparkConfig, fc_weight: torch.Tensor, explicit) -> bool:
+    """Apply the sidecar's temperatures (and measured survival, if any) to `config` → whether one applied."""
     f = Path(explicit) if explicit is not None else _resolve(path, CALIBRATION_FILE, {})
     if f is None or not f.is_file():
         if explicit is not None:
             raise FileNotFoundError(f"calibration file {explicit} does not exist")
-        return None
+        return False
     data = json.loads(f.read_text())
     temps = data.get("confidence_temperatures")
     if data.get("fc_weight_sha256") != fingerprint(fc_weight):
         logger.warning("%s was fitted for other weights (fc.weight hash differs): ignored, confidences uncalibrated", f)
-        return None
+        return False
     if not isinstance(temps, list) or len(temps) != config.block_size:
         raise DeepSpecFormatError(f"{f}: confidence_temperatures must hold block_size={config.block_size} values")
-    return [float(t) for t in temps]
+    config.confidence_temperatures = [float(t) for t in temps]
+    config.calibration = data.get("calibration")
+    try:
+        config.validate()
+    except ValueError as e:
+        raise DeepSpecFormatError(f"{f}: {e}") from None
+    return True
 
 
 # ---- import ---------------------------------------------------------------------------------------------
@@ -394,10 +405,7 @@ def load(path, target=None, *, drafter_class, dtype: torch.dtype | None = None, 
     check_keys(header, config, path)
     _check_family(raw, config, target)
     fc = _tensor(header["fc.weight"])
-    temps = _read_calibration(path, config, fc, calibration)
-    if temps is not None:
-        config.confidence_temperatures = temps
-    elif config.confidence_head:
+    if not _read_calibration(path, config, fc, calibration) and config.confidence_head:
         logger.warning("no %s beside %s: confidence temperatures are 1 (uncalibrated); run `hf-dspark calibrate`",
                        CALIBRATION_FILE, path)
     device, target_dtype = placement(target)
@@ -516,5 +524,5 @@ def export(drafter, folder, dtype: torch.dtype | None = None) -> Path:
     (out / "config.json").write_text(json.dumps(to_deepspec_config(drafter, dtype), indent=2) + "\n")
     save_file(tensors, out / WEIGHTS, metadata={"format": "pt"})
     if c.confidence_head:
-        write_calibration(out, c.confidence_temperatures, tensors["fc.weight"])
+        write_calibration(out, c.confidence_temperatures, tensors["fc.weight"], c.calibration)
     return out

@@ -324,13 +324,26 @@ def test_calibration_lives_beside_the_checkpoint(qwen_files):
     deepspec.write_calibration(folder, temps, sd["fc.weight"], target="tiny")
     drafter = load(folder, target)
     assert drafter.config.confidence_temperatures == temps
+    assert drafter.config.calibration is None  # no measured survival in that file: no gate prior
     drafter.config.confidence_temperatures = [1.25] * 4  # what `hf-dspark calibrate` does, then saves beside
+    drafter.config.calibration = {"temperature": 1.0, "prefix_survival": [0.5, 0.3, 0.1, 0.0]}
     deepspec.save_calibration(drafter)
-    assert load(folder, target).config.confidence_temperatures == [1.25] * 4
+    again = load(folder, target)
+    assert again.config.confidence_temperatures == [1.25] * 4
+    assert again.config.calibration == drafter.config.calibration  # the draft gate's prior travels too
     assert json.loads((folder / "config.json").read_text()) == cfg  # the DeepSpec files are never rewritten
     sd["fc.weight"] = sd["fc.weight"] * 2  # other weights: the sidecar no longer applies
     save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
     assert load(folder, target).config.confidence_temperatures == [1.0] * 4
+    assert load(folder, target).config.calibration is None
+
+
+def test_a_sidecar_with_bad_measured_survival_is_refused(qwen_files):
+    target, folder, cfg, sd = qwen_files
+    write(folder, cfg, sd)
+    deepspec.write_calibration(folder, [1.0] * 4, sd["fc.weight"], {"temperature": 1.0, "prefix_survival": [0.5, 0.6]})
+    with pytest.raises(deepspec.DeepSpecFormatError, match="dspark_calibration.json.*prefix_survival"):
+        load(folder, target)
 
 
 # ---- export → import -----------------------------------------------------------------------------------------
@@ -342,6 +355,7 @@ def test_export_import_round_trip_is_exact(tmp_path, family, head):
                                         confidence_head=head != "none")
     if head != "none":
         drafter.config.confidence_temperatures = [0.7, 1.1, 1.3, 2.0]
+        drafter.config.calibration = {"temperature": 0.0, "prefix_survival": [0.6, 0.4, 0.4, 0.1]}
     deepspec.export(drafter, tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["architectures"] == ["Qwen3DSparkModel"] and raw["num_target_layers"] == 4
@@ -349,6 +363,7 @@ def test_export_import_round_trip_is_exact(tmp_path, family, head):
     a, b = drafter.state_dict(), again.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert again.config.confidence_temperatures == drafter.config.confidence_temperatures
+    assert again.config.calibration == drafter.config.calibration
     for gen in (dict(do_sample=False), dict(do_sample=True, temperature=0.9)):
         torch.manual_seed(0)
         x = target.generate(PROMPT, max_new_tokens=16, assistant_model=drafter, **gen)
