@@ -8,17 +8,19 @@ from pathlib import Path
 
 import torch
 
-from ..eval.replay import replay
+from ..eval.replay import replay, responses_for
 from ..io.loading import load_target_and_drafter
 from ..model.drafter import DSparkDrafter
 from ..training.calibration import ece_per_position, rounds_to_arrays
+from ..training.data import read_answers
 from . import common
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("replay", help="τ of drafters replayed on the target's own outputs (fast, exact)")
-    p.add_argument("responses", nargs="+", help="JSONL from `hf-dspark data` (greedy: --temperature 0; t1: "
-                                                "--temperature 1 --top-p 1)")
+    p.add_argument("responses", nargs="+", help="answer sets from `hf-dspark data` (a shard folder or .jsonl[.gz]); "
+                                                "each mode replays the answers decoded its way (greedy: temperature "
+                                                "0, answer #0; t1: temperature 1, top-p 1)")
     p.add_argument("--mode", required=True, choices=["greedy", "t1"])
     p.add_argument("--drafter", action="append", required=True, help="drafter folder (repeat to compare)")
     common.add_target(p)
@@ -36,7 +38,7 @@ def main(args) -> int:
     drafters = [first] + [DSparkDrafter.from_pretrained(d, target=model) for d in args.drafter[1:]]
     results = {}
     for f in args.responses:
-        records = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+        records = responses_for(read_answers(f), args.mode)
         for d, dr in zip(args.drafter, drafters):
             st = replay(dr, records, args.mode, args.max_new_tokens, args.samples)
             ca = ", ".join(f"{x:.3f}" for x in st.conditional_acceptance)

@@ -7,10 +7,11 @@ drafts the block of *every* anchor at once (the training objective's block mask)
 left to right exactly as `DSparkCandidateGenerator` + transformers would (verify all drafts, bonus token,
 the length limit trimming the last blocks):
 
-- greedy (responses from `hf-dspark data --temperature 0`): draft k is accepted iff the drafter's argmax equals
+- greedy (responses at temperature 0: answer #0 of each prompt of `hf-dspark data`): draft k is accepted iff the drafter's argmax equals
   the target's next token. The drafter sees exactly what it sees in `generate` (context < anchor, Markov
   previous token = the accepted one), so the rounds are the same, up to float rounding of a batched forward.
-- temperature 1 (responses sampled at T = 1, no top-k/top-p): speculative sampling emits y ~ p, and given that
+- temperature 1 (responses sampled at T = 1, no top-k/top-p: answers #1.. of `hf-dspark data --temperature 1
+  --top-p 1`; `responses_for` picks each mode's from one answer set): speculative sampling emits y ~ p, and given that
   the emitted token is y, the draft was accepted with probability min(p(y), q(y)) / p(y) (P(accept, y) =
   min(p, q)(y); P(y) = p(y)); what follows y does not depend on how y was produced. So walking the target's
   sample and drawing each acceptance with that probability reproduces the joint law of (output, rounds) of
@@ -140,6 +141,29 @@ def walk(accepted_at, P: int, L: int, max_new_tokens: int, block_size: int, conf
                             verify_time=0.0, confidence=confidence(cur - 1, n) if confidence and n else []))
         cur += committed
     return rounds
+
+
+def responses_for(records, mode: str) -> list[dict]:
+    """The records of an answer set (`hf-dspark data`'s, which hold a "temperature" and "top_p") that mode
+    "greedy" or "t1" can replay: temperature 0, or temperature 1 without top-p. Records without a temperature
+    (older files) are taken as they are. Raises if none is left, naming what the set holds."""
+    if mode not in ("greedy", "t1"):
+        raise ValueError(f"mode must be 'greedy' or 't1', got {mode!r}")
+    records = list(records)
+
+    def fits(r):
+        if "temperature" not in r:
+            return True
+        t, top_p = float(r["temperature"]), r.get("top_p")
+        return t == 0 if mode == "greedy" else t == 1 and (top_p is None or float(top_p) == 1)
+
+    kept = [r for r in records if fits(r)]
+    if not kept:
+        held = sorted({(r.get("temperature"), r.get("top_p")) for r in records}, key=str)
+        raise ValueError(f"none of the {len(records)} answers can be replayed in mode {mode!r} (it needs "
+                         f"{'temperature 0' if mode == 'greedy' else 'temperature 1, top_p 1'}); "
+                         f"(temperature, top_p) held: {held}")
+    return kept
 
 
 def replay(drafter, records: list[dict], mode: str, max_new_tokens: int, samples: int = 4, seed: int = 0,

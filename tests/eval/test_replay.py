@@ -12,7 +12,7 @@ from scipy.stats import chi2_contingency
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding.options import DecodingOptions
-from hf_dspark.eval.replay import replay, slot_scores, walk
+from hf_dspark.eval.replay import replay, responses_for, slot_scores, walk
 from tests.conftest import tiny_target
 
 
@@ -94,6 +94,20 @@ def test_greedy_replay_refuses_sampled_responses():
         recs.append({"prompt_ids": ids[0].tolist(), "response_ids": out[0, ids.shape[1]:].tolist()})
     with pytest.raises(ValueError, match="not .*greedy"):
         replay(drafter, recs, "greedy", 20, progress=False)
+
+
+def test_each_mode_replays_the_answers_decoded_its_way():
+    """One answer set of `hf-dspark data` holds greedy (#0) and sampled answers: greedy replays temperature 0,
+    t1 replays temperature 1 without top-p; a set with neither for the mode is refused, saying what it holds."""
+    recs = [{"id": "a#0", "temperature": 0.0, "top_p": None}, {"id": "a#1", "temperature": 1.0, "top_p": 1.0},
+            {"id": "b#1", "temperature": 1.0, "top_p": None}, {"id": "c#1", "temperature": 1.0, "top_p": 0.9},
+            {"id": "d#1", "temperature": 0.7, "top_p": 1.0}, {"id": "old"}]
+    assert [r["id"] for r in responses_for(recs, "greedy")] == ["a#0", "old"]
+    assert [r["id"] for r in responses_for(iter(recs), "t1")] == ["a#1", "b#1", "old"]
+    with pytest.raises(ValueError, match=r"mode 'greedy'.*\(0.7, 1.0\)"):
+        responses_for([recs[4]], "greedy")
+    with pytest.raises(ValueError, match="mode"):
+        responses_for(recs, "t0.7")
 
 
 def _hist(rounds, block):
