@@ -43,6 +43,9 @@ def add_parser(subparsers) -> None:
                    "q = 0 outside them, as when drafting; fixed at the run's start")
     p.add_argument("--warm-start", type=int, nargs="+", default=None, metavar="LAYER",
                    help="initialise drafter layer i from target layer LAYER_i (e.g. the last ones: -2 -1)")
+    p.add_argument("--same-data-as", default=None, metavar="RUN",
+                   help="train on the batches and draft vocabulary of the run in folder RUN (same data, seed and "
+                   "batch settings required): an ablation that differs from it in the head alone")
     p.set_defaults(func=main)
 
 

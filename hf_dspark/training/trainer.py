@@ -172,12 +172,39 @@ class TrainConfig:
     precision: str = "fp32"  # "bf16": target features in bf16 and the drafter's step under bf16 autocast
     warm_start: list[int] | None = None  # target layers copied into the drafter's layers (None: random init)
     draft_vocab: int | None = None  # train (and draft) on the N most frequent response tokens (+ EOS) only
+    same_data_as: str | None = None  # another run's folder: train on its batches and draft vocabulary (ablations)
 
 
 # What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
 _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
                   "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "warm_start",
-                  "draft_vocab")  # not precision: a run that spans sessions may land on a CPU without native bf16
+                  "draft_vocab", "same_data_as")  # not precision: a run that spans sessions may land on a CPU without native bf16
+
+
+_DATA_KEYS = ("data", "batch_size", "seed", "val_size", "max_length", "draft_vocab")  # what same_data_as must share
+
+
+def same_data(cfg: TrainConfig) -> dict:
+    """What run `cfg.same_data_as` trained on → {"epochs": its data plan so far, "draft_vocab": ids or None}.
+
+    A fresh run that starts from them draws exactly that run's batches (DataPlan checks the records by digest)
+    and anchors (seeded by seed, epoch and id), so a head ablation differs from it in the head alone, even when
+    the reference run's epochs took in fewer answers than the stream holds now. Past the reference's recorded
+    epochs the plan opens its own from the stream, as any run does."""
+    from safetensors import safe_open
+
+    ref = Path(cfg.same_data_as)
+    if not (ref / "progress.json").is_file() or not (ref / "train_config.json").is_file():
+        raise ValueError(f"same_data_as={ref}: not a training run's folder (no progress.json / train_config.json)")
+    theirs = json.loads((ref / "train_config.json").read_text())
+    differ = {k: (theirs.get(k), getattr(cfg, k)) for k in _DATA_KEYS if theirs.get(k) != getattr(cfg, k)}
+    if differ:
+        raise ValueError(f"same_data_as={ref} was trained with other data settings (theirs vs ours): {differ}")
+    vocab = None
+    if cfg.draft_vocab:
+        with safe_open(str(ref / "drafter" / "model.safetensors"), "pt") as f:
+            vocab = f.get_tensor("draft_vocab")
+    return {"epochs": json.loads((ref / "progress.json").read_text())["epochs"], "draft_vocab": vocab}
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
@@ -245,8 +272,10 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     if not train_recs:
         raise ValueError(f"no training sequences in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
+    same = same_data(cfg) if cfg.same_data_as else None
     if cfg.draft_vocab:  # fixed at the run's start: a resume loads the saved one (the data may have grown since)
-        drafter.set_draft_vocab(frequent_tokens(train_recs, cfg.draft_vocab, eos_ids(target)))
+        drafter.set_draft_vocab(same["draft_vocab"] if same else
+                                frequent_tokens(train_recs, cfg.draft_vocab, eos_ids(target)))
     if bf16:  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 master weights
         target.to(torch.bfloat16)
     weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
@@ -262,7 +291,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
     # The scheduler is NOT prepared: accelerate would step it once per process, but our steps are global.
     objective, opt = acc.prepare(objective, opt)
-    step, epochs = 0, None
+    step, epochs = 0, (same["epochs"] if same else None)
     if resuming:
         _check_same_run(out / "train_config.json", cfg)
         step, epochs = _load(acc.unwrap_model(objective).drafter, opt, sched, out)

@@ -323,6 +323,35 @@ def test_resume_over_a_grown_stream_matches_and_keeps_the_plan(tmp_path):
     assert files and all(p.suffix in (".safetensors", ".json", ".jsonl") for p in files), files
 
 
+def test_an_ablation_trains_on_the_reference_runs_batches_and_vocabulary(tmp_path):
+    """same_data_as: a head ablation started after the stream grew still takes the reference run's epochs (its
+    record counts, checked by digest) and draft vocabulary, not the grown stream's; other data settings are
+    refused."""
+    from safetensors.torch import load_file
+
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 24, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 0, "save_every": 0, "lr": 3e-3, "max_steps": 3, "draft_vocab": 12}
+    ref, abl = tmp_path / "markov", tmp_path / "dflash"
+    train(TrainConfig(output_dir=str(ref), **kw), target=t, records=recs[:12])  # 8 training records then
+    train(TrainConfig(output_dir=str(abl), head="none", same_data_as=str(ref), **kw), target=t, records=recs)
+    theirs, ours = (json.loads((d / "progress.json").read_text()) for d in (ref, abl))
+    assert ours["epochs"] == theirs["epochs"] and theirs["epochs"][0]["size"] == 8  # not the 20 records of now
+    vocab = [load_file(d / "drafter" / "model.safetensors")["draft_vocab"] for d in (ref, abl)]
+    assert torch.equal(*vocab)
+    alone = tmp_path / "alone"
+    train(TrainConfig(output_dir=str(alone), head="none", **kw), target=t, records=recs)  # the control
+    assert json.loads((alone / "progress.json").read_text())["epochs"][0]["size"] == 20
+    with pytest.raises(ValueError, match="other data settings.*seed"):
+        train(TrainConfig(output_dir=str(tmp_path / "x"), head="none", same_data_as=str(ref), **{**kw, "seed": 1}),
+              target=t, records=recs)
+    with pytest.raises(ValueError, match="not a training run"):
+        train(TrainConfig(output_dir=str(tmp_path / "y"), same_data_as=str(tmp_path), **kw), target=t, records=recs)
+
+
 def test_draft_vocabulary_terms_equal_drafting_from_it():
     from hf_dspark.training.losses import block_terms
 
