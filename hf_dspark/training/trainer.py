@@ -173,12 +173,13 @@ class TrainConfig:
     warm_start: list[int] | None = None  # target layers copied into the drafter's layers (None: random init)
     draft_vocab: int | None = None  # train (and draft) on the N most frequent response tokens (+ EOS) only
     same_data_as: str | None = None  # another run's folder: train on its batches and draft vocabulary (ablations)
+    init_from: str | None = None  # a drafter folder to start from (its weights and draft vocabulary): a next stage
 
 
 # What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
 _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
                   "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "warm_start",
-                  "draft_vocab", "same_data_as")  # not precision: a run that spans sessions may land on a CPU without native bf16
+                  "draft_vocab", "same_data_as", "init_from")  # not precision: a run that spans sessions may land on a CPU without native bf16
 
 
 _DATA_KEYS = ("data", "batch_size", "seed", "val_size", "max_length", "draft_vocab")  # what same_data_as must share
@@ -215,9 +216,33 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
     if cfg.mask_token_id is not None:
         over["mask_token_id"] = cfg.mask_token_id
     drafter = DSparkDrafter.from_target(target, **over)
+    if cfg.warm_start is not None and cfg.init_from is not None:
+        raise ValueError("warm_start and init_from both initialise the drafter: give one")
     if cfg.warm_start is not None:
         warm_start(drafter, target, cfg.warm_start)
+    if cfg.init_from is not None:
+        init_from(drafter, cfg.init_from)
     return drafter
+
+
+def init_from(drafter: DSparkDrafter, folder) -> None:
+    """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
+    same shape: a run that continues another under a new schedule or on more data."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        raise ValueError(f"init_from={folder}: no model.safetensors (give a drafter folder, e.g. <run>/drafter)")
+    weights = load_file(path)
+    if "draft_vocab" in weights:
+        drafter.set_draft_vocab(weights["draft_vocab"])
+    ours = drafter.state_dict()
+    wrong = sorted(set(ours) ^ set(weights)) + [k for k in ours.keys() & weights.keys()
+                                                 if ours[k].shape != weights[k].shape]
+    if wrong:
+        raise ValueError(f"init_from={folder} does not fit this run's drafter (layers, head, rank, taps, block): "
+                         f"{wrong[:6]}")
+    drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in weights.items()})
 
 
 _OWN_KEYS = {"self_attn.q_norm.weight", "self_attn.k_norm.weight", "layer_scalar"}  # a target layer may lack them
@@ -273,7 +298,8 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
         raise ValueError(f"no training sequences in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
     same = same_data(cfg) if cfg.same_data_as else None
-    if cfg.draft_vocab:  # fixed at the run's start: a resume loads the saved one (the data may have grown since)
+    if cfg.draft_vocab and drafter.draft_vocab is None:  # fixed at the run's start (init_from: that drafter's);
+        # a resume loads the saved one (the data may have grown since)
         drafter.set_draft_vocab(same["draft_vocab"] if same else
                                 frequent_tokens(train_recs, cfg.draft_vocab, eos_ids(target)))
     if bf16:  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 master weights

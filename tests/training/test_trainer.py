@@ -352,6 +352,31 @@ def test_an_ablation_trains_on_the_reference_runs_batches_and_vocabulary(tmp_pat
         train(TrainConfig(output_dir=str(tmp_path / "y"), same_data_as=str(tmp_path), **kw), target=t, records=recs)
 
 
+def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
+    """init_from: a run that continues a finished one (new schedule, more data) starts from its weights and draft
+    vocabulary, not from the grown data's; a drafter of another shape, or init_from with warm_start, is refused."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.training.trainer import TrainConfig, build_drafter, train
+
+    t = tiny_target()
+    recs = target_records(t, 24, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 3, "save_every": 0, "lr": 3e-3, "max_steps": 3, "draft_vocab": 12}
+    first = train(TrainConfig(output_dir=str(tmp_path / "stage1"), **kw), target=t, records=recs[:12])
+    done = DSparkDrafter.from_pretrained(tmp_path / "stage1" / "drafter", target=t)
+    cfg = TrainConfig(output_dir=str(tmp_path / "stage2"), init_from=str(tmp_path / "stage1" / "drafter"), **kw)
+    start = build_drafter(t, cfg)
+    a, b = done.state_dict(), start.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # incl. the draft vocabulary
+    second = train(cfg, target=t, records=recs)
+    for k in ("tau_t1", "tau_greedy"):  # validation picks up where stage 1 ended
+        assert second["history"][0][k] == pytest.approx(first["final_val"][k])
+    with pytest.raises(ValueError, match="does not fit"):
+        build_drafter(t, TrainConfig(**{**cfg.__dict__, "markov_rank": 4}))
+    with pytest.raises(ValueError, match="give one"):
+        build_drafter(t, TrainConfig(**{**cfg.__dict__, "warm_start": [0]}))
+
+
 def test_draft_vocabulary_terms_equal_drafting_from_it():
     from hf_dspark.training.losses import block_terms
 
