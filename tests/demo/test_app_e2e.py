@@ -4,64 +4,21 @@ Chromium. Skips only when /usr/bin/chromium is absent (CI installs it: apt-get i
 The README's picture comes from the real SmolLM2 instead: test_app_smollm2_e2e.py.
 """
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
-ROOT = Path(__file__).resolve().parents[2]
+from tests.demo._browser import CHROMIUM, FLAGS, needs_chromium, served_app
+
 EVIL = 'Explain <script>alert("pwned")</script> & drafts'
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f"{CHROMIUM} not installed (apt-get install -y chromium)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    port = _free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", GRADIO_SSR_MODE="false",
-               PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, str(ROOT / "app.py"), "--tiny", "--threads", "1", "--host", "127.0.0.1",
-           "--port", str(port), "--max-new-tokens", "64"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.time() + 300  # first start builds and caches the tiny models (~1 min on a busy CPU)
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"app.py did not serve {url} in time:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+    # first start builds and caches the tiny models (~1 min on a busy CPU)
+    with served_app(["--tiny", "--threads", "1", "--max-new-tokens", "64"], log, wait_s=300) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

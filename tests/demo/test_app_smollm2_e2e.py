@@ -8,18 +8,12 @@ docs/demo.png (the README's picture).
 
 import os
 import shutil
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.demo.test_app_e2e import CHROMIUM, FLAGS, ROOT, _free_port
+from tests.demo._browser import CHROMIUM, FLAGS, ROOT, needs_chromium, served_app
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f"{CHROMIUM} not installed (apt-get install -y chromium)")
+pytestmark = needs_chromium
 
 CAPITAL = "What is the capital of France?"
 EXPECTED = "The capital of France is Paris."  # plain greedy generate's answer in float32 (the target alone)
@@ -31,41 +25,14 @@ NATALIA = ("Natalia sold clips to 48 of her friends in April, and then she sold 
 def page(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
-    port = _free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", GRADIO_SSR_MODE="false",
-               PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, str(ROOT / "app.py"), "--threads", "1", "--host", "127.0.0.1", "--port", str(port),
-           "--max-new-tokens", "64"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.time() + 420  # first start: converts SmolLM2 and measures its device profile (once)
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"app.py did not serve {url} in time:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-            pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-            pg.goto(url)
-            yield pg
-            browser.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    # first start: converts SmolLM2 and measures its device profile (once)
+    with served_app(["--threads", "1", "--max-new-tokens", "64"], log, wait_s=420) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(url)
+        yield pg
+        browser.close()
 
 
 def _generate(page, prompt: str) -> None:

@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from hf_dspark.decoding.stats import DSparkStats, Round
 from hf_dspark.demo import render as demo
 from hf_dspark.demo.session import (
     MAX_PROMPT_CHARS,
@@ -15,7 +16,6 @@ from hf_dspark.demo.session import (
     stream_generate,
     verify_policy,
 )
-from hf_dspark.decoding.stats import DSparkStats, Round
 
 torch.set_num_threads(1)
 
