@@ -3,6 +3,8 @@
 # (safetensors + JSON only, committed by scripts/commit_progress.sh). Usage: bash scripts/train_drafter.sh MINUTES
 # The schedule is planned once for the whole run (--max-steps over several sessions); rerunning resumes it.
 # The DFlash ablation on the same batches: HEAD_TYPE=none RUN=runs/smollm2-dflash SAME_DATA_AS=runs/smollm2-markov.
+# A next stage from a finished run's drafter, on all answers under its own plan:
+#   RUN=runs/smollm2-markov-2 INIT_FROM=runs/smollm2-markov/drafter STEPS=3000 LR=3e-4 bash scripts/train_drafter.sh M
 # `kill <pid>` stops it cleanly (the step in flight finishes and is saved). The target's tapped features are cached
 # per answer outside the repo ($FEATURES, bf16, ~4.6 KB a token): from the second epoch on a step skips the target.
 set -euo pipefail
@@ -10,12 +12,14 @@ cd "$(dirname "$0")/.."
 MINUTES=${1:?"minutes this session may train (it saves and stops before)"}
 RUN=${RUN:-runs/smollm2-markov}
 HEAD_TYPE=${HEAD_TYPE:-markov}
+STEPS=${STEPS:-2000}
+LR=${LR:-6e-4}
 PY=${PY:-.venv/bin/python}
 FEATURES=${FEATURES:-${HF_DSPARK_CACHE:-$HOME/.cache/hf_dspark}/features/smollm2-taps-1-14-27}
 mkdir -p "$(dirname "$RUN")"
 OMP_NUM_THREADS=1 nohup "$PY" -m hf_dspark.cli train data/answers -o "$RUN" --head "$HEAD_TYPE" \
   --num-layers 2 --taps 1 14 27 --markov-rank 64 --block-size 7 --mask-token-id 16 \
-  --batch-size 8 --num-anchors 64 --max-steps 2000 --draft-vocab 8192 --precision auto \
+  --batch-size 8 --num-anchors 64 --max-steps "$STEPS" --lr "$LR" --draft-vocab 8192 --precision auto \
   --val-size 64 --eval-every 100 --save-every 100 --seed 0 --threads 1 --cache-dir "$FEATURES" \
-  ${SAME_DATA_AS:+--same-data-as "$SAME_DATA_AS"} --time-limit "$MINUTES" >> "$RUN.log" 2>&1 &
+  ${SAME_DATA_AS:+--same-data-as "$SAME_DATA_AS"} ${INIT_FROM:+--init-from "$INIT_FROM"} --time-limit "$MINUTES" >> "$RUN.log" 2>&1 &
 echo "training running as pid $! (tail -f $RUN.log)"
