@@ -309,6 +309,10 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     objective = DraftObjective(drafter)
     out = Path(cfg.output_dir)
     resuming = (out / "progress.json").exists() and (out / "optimizer" / "optimizer.json").exists()
+    if (out / "progress.json").exists() and not resuming:  # a committed record of a run, without its state
+        raise ValueError(f"{out} holds a run's progress.json but not its optimizer state: it cannot be resumed, and "
+                         f"starting afresh would overwrite its record; train into another --output-dir (to continue "
+                         f"from its drafter: init_from={out / 'drafter'})")
     # The schedule is planned once, for the whole run: a resume over grown data keeps the first session's total.
     total = (json.loads((out / "progress.json").read_text()).get("total") if resuming else None) or cfg.max_steps \
         or max(1, int(cfg.epochs * max(1, len(train_recs) // cfg.batch_size)))

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -375,6 +376,23 @@ def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
         build_drafter(t, TrainConfig(**{**cfg.__dict__, "markov_rank": 4}))
     with pytest.raises(ValueError, match="give one"):
         build_drafter(t, TrainConfig(**{**cfg.__dict__, "warm_start": [0]}))
+
+
+def test_a_run_record_without_its_optimizer_is_not_overwritten(tmp_path):
+    """A finished run committed without its optimizer state (progress.json, metrics, drafter) must not be restarted
+    from scratch in place by rerunning its command: refused, pointing at init_from."""
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 12, resp_len=16)
+    cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=8, batch_size=4,
+                      num_anchors=4, val_size=4, eval_every=0, save_every=0, max_steps=2)
+    train(cfg, target=t, records=recs)
+    shutil.rmtree(tmp_path / "run" / "optimizer")
+    before = (tmp_path / "run" / "progress.json").read_text()
+    with pytest.raises(ValueError, match="cannot be resumed.*init_from"):
+        train(cfg, target=t, records=recs)
+    assert (tmp_path / "run" / "progress.json").read_text() == before
 
 
 def test_draft_vocabulary_terms_equal_drafting_from_it():
