@@ -38,6 +38,8 @@ def main(args) -> int:
     drafters = [first] + [DSparkDrafter.from_pretrained(d, target=model) for d in args.drafter[1:]]
     results = {}
     for f in args.responses:
+        if not Path(f).exists():
+            raise FileNotFoundError(f"answer set {f} does not exist")
         records = responses_for(read_answers(f), args.mode)
         for d, dr in zip(args.drafter, drafters):
             st = replay(dr, records, args.mode, args.max_new_tokens, args.samples)

@@ -171,8 +171,8 @@ class DraftGate:
     (C - (1 + A)·T(1): what the drafted round cost beyond plain steps for the same tokens) spread over the wait
     is at most `budget` (default 1 %) of a plain step, and resets after a probe that pays. So a drafter that has
     stopped paying makes decoding at most ~`budget` slower than plain, once the wait has grown (log2 of it probes).
-    That ramp is paid by every generate() call; a `prior` (how many drafts a drafted round verified and how many it
-    accepted when the drafter was calibrated at this temperature) starts the averages there instead, and, if it does not pay, the wait where
+    That ramp is paid by every generate() call; a `prior` (how many drafts a drafted round accepted and how many it
+    verified when the drafter was calibrated at this temperature) starts the averages there instead, and, if it does not pay, the wait where
     PRIOR_PROBES failed probes would have left it (a prompt that does pay still reopens the gate, a little later).
 
     Lossless: the decision for a round depends only on the prior and earlier rounds' outcomes, never on the round's own drafts,
@@ -183,7 +183,7 @@ class DraftGate:
     PRIOR_PROBES = 3  # a prior counts as this many failed probes: waits 1 → 8 (Zen 3 bf16 T = 1: 2.8 % → 1.1 % lost)
 
     def __init__(self, step_time: Sequence[float], draft_time: float, weight: float = 0.25, budget: float = 0.01,
-                 prior: tuple[float, float] | None = None):
+                 prior: tuple[float, int] | None = None):
         self.env = monotone_envelope(step_time)
         if not 0 < budget < 1:
             raise ValueError(f"budget must be in (0, 1), got {budget}")

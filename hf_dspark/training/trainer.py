@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
 
 from ..decoding.routing import enable
 from ..io.loading import load_default_target
@@ -31,6 +32,8 @@ from .data import eos_ids, prompt_of, read_answers
 from .features import FeatureSource, base_model
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
+
+logger = logging.get_logger(__name__)
 
 
 # ---- data ----------------------------------------------------------------------------------------------
@@ -182,7 +185,9 @@ _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_si
                   "draft_vocab", "same_data_as", "init_from")  # not precision: a run that spans sessions may land on a CPU without native bf16
 
 
-_DATA_KEYS = ("data", "batch_size", "seed", "val_size", "max_length", "draft_vocab")  # what same_data_as must share
+# what same_data_as must share: the records and their order, the anchors drawn from them, the vocabulary
+_DATA_KEYS = ("data", "target", "batch_size", "num_anchors", "block_size", "mask_token_id", "seed", "val_size",
+              "max_length", "draft_vocab")
 
 
 def same_data(cfg: TrainConfig) -> dict:
@@ -205,7 +210,11 @@ def same_data(cfg: TrainConfig) -> dict:
     if cfg.draft_vocab:
         with safe_open(str(ref / "drafter" / "model.safetensors"), "pt") as f:
             vocab = f.get_tensor("draft_vocab")
-    return {"epochs": json.loads((ref / "progress.json").read_text())["epochs"], "draft_vocab": vocab}
+    progress = json.loads((ref / "progress.json").read_text())
+    if progress["step"] < progress.get("total", progress["step"]):
+        logger.warning("same_data_as=%s is at step %d of %d: epochs it has not opened yet may differ from this "
+                       "run's", ref, progress["step"], progress["total"])
+    return {"epochs": progress.get("epochs"), "draft_vocab": vocab}
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
@@ -225,23 +234,35 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
     return drafter
 
 
+_SAME_SHAPE = ("target_layer_ids", "block_size", "head_type", "mask_token_id", "num_hidden_layers", "markov_rank")
+
+
 def init_from(drafter: DSparkDrafter, folder) -> None:
     """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
-    same shape: a run that continues another under a new schedule or on more data."""
+    same shape: a run that continues another under a new schedule or on more data, or a resume. Refuses a drafter
+    with other taps, block, head, mask token or tensor shapes. A bf16 file is cast to `drafter`'s dtype (warned)."""
     from safetensors.torch import load_file
 
-    path = Path(folder) / "model.safetensors"
-    if not path.is_file():
-        raise ValueError(f"init_from={folder}: no model.safetensors (give a drafter folder, e.g. <run>/drafter)")
+    path, config = Path(folder) / "model.safetensors", Path(folder) / "config.json"
+    if not path.is_file() or not config.is_file():
+        raise ValueError(f"init_from={folder}: no model.safetensors / config.json (give a drafter folder, e.g. "
+                         f"<run>/drafter)")
+    theirs = json.loads(config.read_text())
+    differ = {k: (theirs.get(k), getattr(drafter.config, k)) for k in _SAME_SHAPE
+              if theirs.get(k) != getattr(drafter.config, k)}
     weights = load_file(path)
     if "draft_vocab" in weights:
         drafter.set_draft_vocab(weights["draft_vocab"])
     ours = drafter.state_dict()
     wrong = sorted(set(ours) ^ set(weights)) + [k for k in ours.keys() & weights.keys()
                                                  if ours[k].shape != weights[k].shape]
-    if wrong:
-        raise ValueError(f"init_from={folder} does not fit this run's drafter (layers, head, rank, taps, block): "
-                         f"{wrong[:6]}")
+    if differ or wrong:
+        raise ValueError(f"init_from={folder} does not fit this run's drafter: config (theirs vs ours) {differ}, "
+                         f"tensors {wrong[:6]}")
+    lower = sorted({str(v.dtype) for k, v in weights.items() if v.is_floating_point()
+                    and v.dtype != ours[k].dtype})
+    if lower:
+        logger.warning("init_from=%s holds %s weights: cast to %s", folder, lower, ours[next(iter(ours))].dtype)
     drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in weights.items()})
 
 
@@ -297,7 +318,19 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     if not train_recs:
         raise ValueError(f"no training sequences in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
-    same = same_data(cfg) if cfg.same_data_as else None
+    out = Path(cfg.output_dir)
+    resuming = (out / "progress.json").exists() and (out / "optimizer" / "optimizer.json").exists()
+    if (out / "progress.json").exists() and not resuming:  # a committed record of a run, without its state
+        raise ValueError(f"{out} holds a run's progress.json but not its optimizer state: it cannot be resumed, and "
+                         f"starting afresh would overwrite its record; train into another --output-dir (to continue "
+                         f"from its drafter: init_from={out / 'drafter'})")
+    same = same_data(cfg) if cfg.same_data_as and not resuming else None  # a resume has its own plan and vocab
+    if cfg.init_from is not None and bool(cfg.draft_vocab) != (drafter.draft_vocab is not None):
+        raise ValueError(f"init_from={cfg.init_from} {'has' if drafter.draft_vocab is not None else 'has no'} draft "
+                         f"vocabulary but draft_vocab={cfg.draft_vocab}: give the setting it was trained with")
+    if same and same["draft_vocab"] is not None and drafter.draft_vocab is not None \
+            and not torch.equal(same["draft_vocab"], drafter.draft_vocab.cpu()):
+        raise ValueError(f"init_from={cfg.init_from} and same_data_as={cfg.same_data_as} have other draft vocabularies")
     if cfg.draft_vocab and drafter.draft_vocab is None:  # fixed at the run's start (init_from: that drafter's);
         # a resume loads the saved one (the data may have grown since)
         drafter.set_draft_vocab(same["draft_vocab"] if same else
@@ -307,12 +340,6 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
     objective = DraftObjective(drafter)
-    out = Path(cfg.output_dir)
-    resuming = (out / "progress.json").exists() and (out / "optimizer" / "optimizer.json").exists()
-    if (out / "progress.json").exists() and not resuming:  # a committed record of a run, without its state
-        raise ValueError(f"{out} holds a run's progress.json but not its optimizer state: it cannot be resumed, and "
-                         f"starting afresh would overwrite its record; train into another --output-dir (to continue "
-                         f"from its drafter: init_from={out / 'drafter'})")
     # The schedule is planned once, for the whole run: a resume over grown data keeps the first session's total.
     total = (json.loads((out / "progress.json").read_text()).get("total") if resuming else None) or cfg.max_steps \
         or max(1, int(cfg.epochs * max(1, len(train_recs) // cfg.batch_size)))
@@ -498,10 +525,7 @@ def _load(drafter: DSparkDrafter, opt, sched, out: Path) -> tuple[int, list[dict
     """Restore weights, optimizer, lr schedule and RNG saved by `_save` → (step, the data plan's epochs)."""
     from safetensors.torch import load_file
 
-    weights = load_file(out / "drafter" / "model.safetensors")
-    if "draft_vocab" in weights:
-        drafter.set_draft_vocab(weights["draft_vocab"])
-    drafter.load_state_dict(weights)
+    init_from(drafter, out / "drafter")
     tensors = {}
     for shard in sorted((out / "optimizer").glob("optimizer*.safetensors")):
         tensors.update(load_file(shard))

@@ -346,11 +346,16 @@ def test_an_ablation_trains_on_the_reference_runs_batches_and_vocabulary(tmp_pat
     alone = tmp_path / "alone"
     train(TrainConfig(output_dir=str(alone), head="none", **kw), target=t, records=recs)  # the control
     assert json.loads((alone / "progress.json").read_text())["epochs"][0]["size"] == 20
+    control = load_file(alone / "drafter" / "model.safetensors")["draft_vocab"]
+    assert not torch.equal(control, vocab[0])  # the grown stream's vocabulary is another one
     with pytest.raises(ValueError, match="other data settings.*seed"):
         train(TrainConfig(output_dir=str(tmp_path / "x"), head="none", same_data_as=str(ref), **{**kw, "seed": 1}),
               target=t, records=recs)
     with pytest.raises(ValueError, match="not a training run"):
         train(TrainConfig(output_dir=str(tmp_path / "y"), same_data_as=str(tmp_path), **kw), target=t, records=recs)
+    shutil.rmtree(ref)  # a resume has its own plan and vocabulary: the reference is not read again
+    train(TrainConfig(output_dir=str(abl), head="none", same_data_as=str(ref), **{**kw, "max_steps": 3}), target=t,
+          records=recs)
 
 
 def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
@@ -376,6 +381,11 @@ def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
         build_drafter(t, TrainConfig(**{**cfg.__dict__, "markov_rank": 4}))
     with pytest.raises(ValueError, match="give one"):
         build_drafter(t, TrainConfig(**{**cfg.__dict__, "warm_start": [0]}))
+    with pytest.raises(ValueError, match="does not fit.*mask_token_id"):
+        build_drafter(t, TrainConfig(**{**cfg.__dict__, "mask_token_id": 3}))
+    with pytest.raises(ValueError, match="has draft vocabulary but draft_vocab=None"):
+        train(TrainConfig(**{**cfg.__dict__, "output_dir": str(tmp_path / "v"), "draft_vocab": None}), target=t,
+              records=recs)
 
 
 def test_a_run_record_without_its_optimizer_is_not_overwritten(tmp_path):
