@@ -172,8 +172,9 @@ class DraftGate:
     is at most `budget` (default 1 %) of a plain step, and resets after a probe that pays. So a drafter that has
     stopped paying makes decoding at most ~`budget` slower than plain, once the wait has grown (log2 of it probes).
     That ramp is paid by every generate() call; a `prior` (how many drafts a drafted round accepted and how many it
-    verified when the drafter was calibrated at this temperature) starts the averages there instead, and, if it does not pay, the wait where
-    PRIOR_PROBES failed probes would have left it (a prompt that does pay still reopens the gate, a little later).
+    verified when the drafter was calibrated at this temperature) starts the averages there instead, and, if it
+    does not pay, the wait where PRIOR_PROBES failed probes would have left it (a prompt that does pay still
+    reopens the gate, a little later).
 
     Lossless: the decision for a round depends only on the prior and earlier rounds' outcomes, never on the round's own drafts,
     so every round's output law is the target's (a round without drafts is exactly a target step). It reads only

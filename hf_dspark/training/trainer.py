@@ -182,7 +182,15 @@ class TrainConfig:
 # What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
 _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
                   "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "warm_start",
-                  "draft_vocab", "same_data_as", "init_from")  # not precision: a run that spans sessions may land on a CPU without native bf16
+                  "draft_vocab", "same_data_as", "init_from")
+# (not precision: a run that spans sessions may land on a CPU without native bf16)
+
+
+def _differences(saved: dict, ours, keys, skip_missing: bool = False) -> dict:
+    """{key: (saved value, ours)} for each of `keys` where a saved config disagrees with `ours`' attribute; with
+    skip_missing, keys the saved config lacks (files written before the key existed) are not differences."""
+    return {k: (saved.get(k), getattr(ours, k)) for k in keys
+            if not (skip_missing and k not in saved) and saved.get(k) != getattr(ours, k)}
 
 
 # what same_data_as must share: the records and their order, the anchors drawn from them, the vocabulary
@@ -203,7 +211,7 @@ def same_data(cfg: TrainConfig) -> dict:
     if not (ref / "progress.json").is_file() or not (ref / "train_config.json").is_file():
         raise ValueError(f"same_data_as={ref}: not a training run's folder (no progress.json / train_config.json)")
     theirs = json.loads((ref / "train_config.json").read_text())
-    differ = {k: (theirs.get(k), getattr(cfg, k)) for k in _DATA_KEYS if theirs.get(k) != getattr(cfg, k)}
+    differ = _differences(theirs, cfg, _DATA_KEYS)
     if differ:
         raise ValueError(f"same_data_as={ref} was trained with other data settings (theirs vs ours): {differ}")
     vocab = None
@@ -247,9 +255,7 @@ def init_from(drafter: DSparkDrafter, folder) -> None:
     if not path.is_file() or not config.is_file():
         raise ValueError(f"init_from={folder}: no model.safetensors / config.json (give a drafter folder, e.g. "
                          f"<run>/drafter)")
-    theirs = json.loads(config.read_text())
-    differ = {k: (theirs.get(k), getattr(drafter.config, k)) for k in _SAME_SHAPE
-              if theirs.get(k) != getattr(drafter.config, k)}
+    differ = _differences(json.loads(config.read_text()), drafter.config, _SAME_SHAPE)
     weights = load_file(path)
     if "draft_vocab" in weights:
         drafter.set_draft_vocab(weights["draft_vocab"])
@@ -262,7 +268,7 @@ def init_from(drafter: DSparkDrafter, folder) -> None:
     lower = sorted({str(v.dtype) for k, v in weights.items() if v.is_floating_point()
                     and v.dtype != ours[k].dtype})
     if lower:
-        logger.warning("init_from=%s holds %s weights: cast to %s", folder, lower, ours[next(iter(ours))].dtype)
+        logger.warning("init_from=%s holds %s weights: cast to the drafter's", folder, lower)
     drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in weights.items()})
 
 
@@ -445,7 +451,7 @@ def validation_tau(drafter: DSparkDrafter, records: list[dict], cfg: TrainConfig
 def _check_same_run(saved: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run under another schedule (lr plan, data order, model shape)."""
     old = json.loads(saved.read_text()) if saved.exists() else {}
-    diff = {k: (old.get(k), getattr(cfg, k)) for k in _SCHEDULE_KEYS if k in old and old[k] != getattr(cfg, k)}
+    diff = _differences(old, cfg, _SCHEDULE_KEYS, skip_missing=True)
     if diff:
         raise ValueError(f"{saved.parent} holds another run (saved vs now: {diff}); resume with the same settings "
                          "or use a new --output-dir")
