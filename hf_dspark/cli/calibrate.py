@@ -49,7 +49,8 @@ def main(args) -> int:
     rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)
     out = Path(args.output or args.drafter)
     out.mkdir(parents=True, exist_ok=True)
-    report = calibrate(drafter, rounds, args.temperature, plot=out / "reliability.png")
+    tag = f"T{args.temperature:g}"  # one report per temperature: calibrating at another adds an entry, not replaces
+    report = calibrate(drafter, rounds, args.temperature, plot=out / f"reliability_{tag}.png")
     report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     # Keep the checkpoint's stored dtype (the shipped drafter is bf16): the target's dtype is only for running.
     stored = args.save_dtype
@@ -61,9 +62,11 @@ def main(args) -> int:
         save_calibration(drafter, out, sampling_temperature=args.temperature)
     else:
         drafter.save_pretrained(out)
-    (out / "calibration.json").write_text(json.dumps(report, indent=2))
+    (out / f"calibration_{tag}.json").write_text(json.dumps(report, indent=2))
     print(f"{report['rounds']} rounds from {len(prompts)} prompts")
     for k, (b, a, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["temperatures"])):
         print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (T = {t:.3f})")
-    print(f"saved the calibrated drafter to {out}; reliability plot {out / 'reliability.png'}")
+    at = ", ".join(f"{c['temperature']:g}" for c in drafter.config.calibration)
+    print(f"saved the calibrated drafter to {out} (calibrated at T = {at}); report {out}/calibration_{tag}.json, "
+          f"reliability plot {out}/reliability_{tag}.png")
     return 0

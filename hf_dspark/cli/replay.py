@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..eval.replay import replay, responses_for
+from ..eval.replay import MODE_TEMPERATURE, replay, responses_for
 from ..io.loading import load_target_and_drafter
 from ..model.drafter import DSparkDrafter
 from ..training.calibration import ece_per_position, rounds_to_arrays
@@ -52,7 +52,7 @@ def main(args) -> int:
                 "acceptance_histogram": st.acceptance_histogram,
                 "target_argmax_agreement": st.target_argmax_agreement}
             if dr.confidence is not None:  # calibration quality on these rounds: ECE per position, raw vs fitted
-                temps = dr.config.confidence_temperatures
+                temps = dr.config.confidence_temperatures_at(MODE_TEMPERATURE[args.mode])
                 z, y, valid = rounds_to_arrays(st.rounds, st.block_size, temps)
                 entry["ece_raw"] = ece_per_position(z, y, valid, [1.0] * st.block_size)
                 entry["ece_calibrated"] = ece_per_position(z, y, valid, temps)

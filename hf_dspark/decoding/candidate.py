@@ -52,9 +52,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.unfused: list[torch.Tensor] = []  # tapped features [1, rows, m·d] of positions not in context_kv yet
         self.pending: dict | None = None
         self.stats = DSparkStats(block_size=cfg.block_size)
-        temperature = (generation_config.temperature if generation_config.temperature is not None else 1.0) \
+        self.temperature = (generation_config.temperature if generation_config.temperature is not None else 1.0) \
             if self.do_sample else 0.0
-        self.verify_policy = VerifyPolicy.for_drafter(drafter, target, temperature)  # resolved once per call
+        self.verify_policy = VerifyPolicy.for_drafter(drafter, target, self.temperature)  # resolved once per call
         self.ngrams = NgramIndex() if drafter.options.ngram_drafts else None
         drafter.last_stats = self.stats
 
@@ -87,7 +87,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # each costs time on CPU. The length limit only trims the block, so `replay` stays exact.
         block = self.drafter.draft(self.context_kv, input_ids, n, reach=self.verify_policy.max_drafts,
                                    processor=self.draft_processor, do_sample=self.do_sample, weights=self.weights,
-                                   offset=self.offset)
+                                   offset=self.offset, temperature=self.temperature)
         conf = block.confidences  # calibrated c_k [n] on the CPU (one host sync for the policy and the stats)
         length = self.verify_policy.length(conf, n)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)

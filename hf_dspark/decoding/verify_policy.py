@@ -33,7 +33,7 @@ Other policies take them all up to `max_ngram_drafts`: the static k, else γ.
 
 Built not to lose to plain: under "auto" and "scheduler" a DraftGate (scheduler.py) watches what drafter rounds
 commit against what they cost on the profile and turns them into plain target steps while they do not pay
-(probing again at doubling intervals; a drafter calibrated at the call's temperature starts it from what its
+(probing again at doubling intervals; a drafter calibrated at the call's temperature starts it from what that
 calibration measured, config.calibration, so a call does not relearn it); n-gram drafts are verified only as far as their learnt survival pays on
 the same profile (an estimate: the first lookups of a generate() call follow its prior). "all", static k and
 thresholds have no profile and no gate: they are for experiments.
@@ -108,10 +108,11 @@ class VerifyPolicy:
 
     def _gate_prior(self, temperature: float | None) -> tuple[float, int] | None:
         """(accepted drafts, verified drafts) of a drafted round as this policy would run it, from the survival the
-        drafter's calibration measured (config.calibration), if this call decodes at the temperature calibrated
-        for; else None (the gate learns from scratch). The length is the policy's own on the conditional rates."""
-        cal = self.drafter.config.calibration
-        if cal is None or temperature is None or abs(float(cal["temperature"]) - float(temperature)) > 1e-6:
+        drafter's calibration measured (config.calibration), if it was calibrated at exactly this call's
+        temperature; else None (the gate learns from scratch). The length is the policy's own on the conditional
+        rates."""
+        cal = self.drafter.config.calibration_at(temperature)
+        if cal is None or abs(float(cal["temperature"]) - float(temperature)) > 1e-6:
             return None
         prefix = torch.tensor([float(r) for r in cal["prefix_survival"][: self.max_drafts]], dtype=torch.float64)
         n = int(self._length(conditional_survival(prefix), len(prefix)))

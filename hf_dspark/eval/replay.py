@@ -30,6 +30,8 @@ from ..decoding.stats import DSparkStats, Round
 from ..training.anchors import block_mask
 from ..training.features import target_features
 
+MODE_TEMPERATURE = {"greedy": 0.0, "t1": 1.0}  # the sampling temperature each replay mode stands for
+
 
 @torch.no_grad()
 def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: int = 64,
@@ -147,7 +149,7 @@ def responses_for(records, mode: str) -> list[dict]:
     """The records of an answer set (`hf-dspark data`'s, which hold a "temperature" and "top_p") that mode
     "greedy" or "t1" can replay: temperature 0, or temperature 1 without top-p. Records without a temperature
     (older files) are taken as they are. Raises if none is left, naming what the set holds."""
-    if mode not in ("greedy", "t1"):
+    if mode not in MODE_TEMPERATURE:
         raise ValueError(f"mode must be 'greedy' or 't1', got {mode!r}")
     records = list(records)
 
@@ -172,7 +174,7 @@ def replay(drafter, records: list[dict], mode: str, max_new_tokens: int, samples
 
     mode "greedy" or "t1"; at T = 1 every sequence is walked `samples` times with independent acceptance
     draws. Raises if a "greedy" file is not the target's greedy output (< 99% argmax agreement)."""
-    if mode not in ("greedy", "t1"):
+    if mode not in MODE_TEMPERATURE:
         raise ValueError(f"mode must be 'greedy' or 't1', got {mode!r}")
     if drafter.target is None:
         raise ValueError("bind the drafter to its target first (DSparkDrafter.from_pretrained(..., target=model))")
@@ -190,7 +192,7 @@ def replay(drafter, records: list[dict], mode: str, max_new_tokens: int, samples
         conf = None
         if "conf" in s:  # greedy: the draft's own chain (exact); T = 1: teacher-forced (exact up to the first
             # rejection; later positions condition on the accepted token instead of the rejected draft)
-            c = drafter.confidence_probs(s["conf_greedy" if mode == "greedy" else "conf"])
+            c = drafter.confidence_probs(s["conf_greedy" if mode == "greedy" else "conf"], MODE_TEMPERATURE[mode])
             conf = lambda a, n, c=c, P=P: c[a - P, :n].tolist()  # noqa: E731
         if mode == "greedy":
             m = s["match"]

@@ -8,7 +8,6 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .binding import UnsupportedArchitectureError
-
 from .heads import HEADS
 from .variants import VARIANTS
 
@@ -68,6 +67,23 @@ def default_target_layer_ids(num_layers: int, num_taps: int = 5) -> list[int]:
     return sorted({int(round(1 + i * step)) for i in range(num_taps)})
 
 
+def calibration_entries(calibration, confidence_temperatures) -> list[dict] | None:
+    """config.calibration in its canonical form: a list of entries sorted by temperature (copies). A bare dict
+    (one entry; before 2026-12-02 without `confidence_temperatures`) takes the top-level temperatures; anything
+    else is returned as is, for validate() to name."""
+    if calibration is None:
+        return None
+    if isinstance(calibration, dict):
+        calibration = [{"confidence_temperatures": list(confidence_temperatures), **calibration}]
+    if not isinstance(calibration, (list, tuple)) or not all(isinstance(c, dict) for c in calibration):
+        return calibration
+    entries = [{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in c.items()} for c in calibration]
+    try:
+        return sorted(entries, key=lambda c: c["temperature"])
+    except (KeyError, TypeError):
+        return entries
+
+
 class DSparkConfig(PretrainedConfig):
     r"""Configuration of a DSpark drafter.
 
@@ -82,10 +98,15 @@ class DSparkConfig(PretrainedConfig):
         confidence_head (`bool`, defaults to True): predict per-position survival c_k.
         confidence_head_with_markov (`bool`, defaults to True): the confidence head reads [h ; W1[prev]] (else h only).
         confidence_temperatures (`list[float]`): per-position temperatures fitted by
-            `hf-dspark calibrate` (sequential temperature scaling); 1.0 = uncalibrated.
-        calibration (`dict`, *optional*): what calibration measured, `{"temperature": t, "prefix_survival": [γ]}`
-            (the fraction of held-out rounds whose first k drafts all survived, sampling at t; 0 = greedy). The
-            draft gate starts from it when decoding at that temperature, instead of learning it again every call.
+            `hf-dspark calibrate` (sequential temperature scaling; the last calibration's); 1.0 = uncalibrated.
+            Used where `calibration` has no entry (or the call's temperature is unknown).
+        calibration (`list[dict]`, *optional*): one entry per sampling temperature t calibrated at (0 = greedy),
+            `{"temperature": t, "confidence_temperatures": [γ], "prefix_survival": [γ]}` (the STS temperatures
+            fitted there, and the fraction of held-out rounds whose first k drafts all survived). A generate call
+            scales confidences with the entry nearest its temperature (a draft's survival law differs between
+            greedy and sampling), and the draft gate starts from `prefix_survival` when the call decodes at
+            exactly t, instead of learning it again. A single dict without `confidence_temperatures` (the
+            format before 2026-12-02) is read as one entry with the top-level temperatures.
         qk_norm (`bool`, defaults to True): per-head RMSNorm on queries/keys (Qwen3-style drafter layers).
         layer_variant (`str`, defaults to "default"): "default" = pre-norm Llama/Qwen3 layers; "gemma4" = DeepSpec's
             Gemma-4 drafter layers (sandwich norms, fp32 Gemma RMSNorm, scale-free RMSNorm on V, attention scale 1,
@@ -111,7 +132,7 @@ class DSparkConfig(PretrainedConfig):
         confidence_head: bool = True,
         confidence_head_with_markov: bool = True,
         confidence_temperatures: list[float] | None = None,
-        calibration: dict | None = None,
+        calibration: list[dict] | dict | None = None,
         qk_norm: bool = True,
         layer_variant: str = "default",
         attention_k_eq_v: bool = False,
@@ -146,7 +167,7 @@ class DSparkConfig(PretrainedConfig):
             list(confidence_temperatures) if confidence_temperatures is not None
             else [1.0] * block_size if type(block_size) is int and block_size > 0 else []  # else validate() names it
         )
-        self.calibration = dict(calibration) if calibration is not None else None
+        self.calibration = calibration_entries(calibration, self.confidence_temperatures)
         self.qk_norm = qk_norm
         self.layer_variant = layer_variant
         self.attention_k_eq_v = attention_k_eq_v
@@ -192,20 +213,43 @@ class DSparkConfig(PretrainedConfig):
         if any(not t > 0 for t in self.confidence_temperatures):
             raise ValueError(f"confidence_temperatures must be > 0, got {self.confidence_temperatures}")
         if self.calibration is not None:
-            c = self.calibration
-            rates = c.get("prefix_survival")
-            if (set(c) != {"temperature", "prefix_survival"} or not isinstance(c["temperature"], (int, float))
-                    or c["temperature"] < 0 or not isinstance(rates, list) or len(rates) != self.block_size
-                    or any(not 0 <= r <= 1 for r in rates) or any(b > a for a, b in zip(rates, rates[1:]))):
-                raise ValueError(
-                    "calibration must be {'temperature': t >= 0, 'prefix_survival': [block_size non-increasing "
-                    f"rates in [0, 1]]}}, got {c!r}"
-                )
+            if not isinstance(self.calibration, list) or not self.calibration:
+                raise ValueError(f"calibration must be a non-empty list of entries, got {self.calibration!r}")
+            for c in self.calibration:
+                self._validate_calibration_entry(c)
+            ts = [c["temperature"] for c in self.calibration]
+            if len(set(ts)) != len(ts):
+                raise ValueError(f"calibration has several entries for one temperature: {ts}")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
         ids = self.target_layer_ids
         if ids is not None and (not ids or any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < -1):
             raise ValueError(f"target_layer_ids must be strictly increasing ids >= -1, got {ids}")
+
+    def _validate_calibration_entry(self, c) -> None:
+        rates, temps = (c.get("prefix_survival"), c.get("confidence_temperatures")) if isinstance(c, dict) else (0, 0)
+        if (not isinstance(c, dict) or set(c) != {"temperature", "confidence_temperatures", "prefix_survival"}
+                or isinstance(c["temperature"], bool) or not isinstance(c["temperature"], (int, float))
+                or c["temperature"] < 0 or not isinstance(rates, list) or len(rates) != self.block_size
+                or any(not 0 <= r <= 1 for r in rates) or any(b > a for a, b in zip(rates, rates[1:]))
+                or not isinstance(temps, list) or len(temps) != self.block_size or any(not t > 0 for t in temps)):
+            raise ValueError(
+                "a calibration entry must be {'temperature': t >= 0, 'confidence_temperatures': [block_size "
+                "values > 0], 'prefix_survival': [block_size non-increasing rates in [0, 1]]}, got " + repr(c)
+            )
+
+    def calibration_at(self, temperature: float | None) -> dict | None:
+        """The calibration entry measured nearest to a call's sampling temperature (0 = greedy; ties: the lower
+        one); None without entries or when the temperature is unknown."""
+        entries = calibration_entries(self.calibration, self.confidence_temperatures)
+        if not entries or temperature is None:
+            return None
+        return min(entries, key=lambda c: (abs(c["temperature"] - float(temperature)), c["temperature"]))
+
+    def confidence_temperatures_at(self, temperature: float | None) -> list[float]:
+        """[γ] STS temperatures for a call sampling at `temperature` (0 = greedy, None = unknown)."""
+        entry = self.calibration_at(temperature)
+        return list(entry["confidence_temperatures"]) if entry else list(self.confidence_temperatures)
 
     def _validate_rope(self) -> None:
         rope, types = self.rope_parameters, ("default", *ROPE_INIT_FUNCTIONS)

@@ -28,7 +28,7 @@ from transformers.initialization import no_init_weights
 from transformers.utils import cached_file
 
 from .binding import placement, validate_pair
-from .config import DSparkConfig
+from .config import DSparkConfig, calibration_entries
 from .heads import HEADS
 from .variants import VARIANTS as LAYER_VARIANTS
 
@@ -297,9 +297,11 @@ def fingerprint(fc_weight: torch.Tensor) -> str:
     return hashlib.sha256(fc_weight.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def write_calibration(folder, temperatures, fc_weight: torch.Tensor, calibration: dict | None = None, **info) -> Path:
+def write_calibration(folder, temperatures, fc_weight: torch.Tensor, calibration: list[dict] | None = None,
+                      **info) -> Path:
     """Write `dspark_calibration.json` beside a DeepSpec checkpoint: the per-position STS temperatures and, if
-    given, what the calibration measured (`config.calibration`: the draft gate's prior, verify_policy.py)."""
+    given, the entries per sampling temperature (`config.calibration`: their STS temperatures and measured
+    survival, the draft gate's prior, verify_policy.py)."""
     out = Path(folder) / CALIBRATION_FILE
     payload = {"format": "hf_dspark.calibration/1", "confidence_temperatures": [float(t) for t in temperatures],
                "fc_weight_sha256": fingerprint(fc_weight), **info}
@@ -335,7 +337,7 @@ def _read_calibration(path, config: DSparkConfig, fc_weight: torch.Tensor, expli
     if not isinstance(temps, list) or len(temps) != config.block_size:
         raise DeepSpecFormatError(f"{f}: confidence_temperatures must hold block_size={config.block_size} values")
     config.confidence_temperatures = [float(t) for t in temps]
-    config.calibration = data.get("calibration")
+    config.calibration = calibration_entries(data.get("calibration"), config.confidence_temperatures)
     try:
         config.validate()
     except ValueError as e:

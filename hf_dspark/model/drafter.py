@@ -307,7 +307,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
 
     # ---- a round -----------------------------------------------------------------------------------------
     def draft(self, context_kv, prefix_ids: torch.Tensor, n: int, *, reach: int | None = None, processor=None,
-              do_sample: bool = False, weights=None, offset: int = 0) -> DraftBlock:
+              do_sample: bool = False, weights=None, offset: int = 0, temperature: float | None = None) -> DraftBlock:
         """One drafter round, the only code that runs one: the block [anchor ; masks] through the backbone over
         `context_kv`, then the sequential head and confidence left to right → DraftBlock of `n` drafts (tokens,
         the exact logits q was drawn from, raw and calibrated confidences).
@@ -319,7 +319,8 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         block rather than changing it; processor: the target's logits processors (None: raw logits);
         weights: draft_weights(), gathered once per generate (default: gathered now); offset: positions the target
         holds before prefix_ids' first token (a prompt given as inputs_embeds), so the anchor sits at
-        cur_len - 1 + offset."""
+        cur_len - 1 + offset; temperature: the call's sampling temperature (0 = greedy), which picks the
+        calibration its confidences are scaled with (config.confidence_temperatures_at)."""
         cur_len = prefix_ids.shape[1] + offset
         slots = self.backbone_slots(n if reach is None else reach)
         anchor = prefix_ids[:, -1:].to(self.device)
@@ -330,10 +331,12 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         block = draft_block(self.base_logits(h, lm_rows), h, anchor[0, 0], self.head, self.confidence, prefix_ids,
                             processor, do_sample, vocab=vocab, w2=w2_rows, vocab_size=self.config.vocab_size)
         if self.confidence is not None:
-            block.confidences = self.confidence_probs(block.conf_logits).cpu()
+            block.confidences = self.confidence_probs(block.conf_logits, temperature).cpu()
         return block
 
-    def confidence_probs(self, conf_logits: torch.Tensor) -> torch.Tensor:
-        """Raw confidence logits [..., γ] → calibrated survival c_k = σ(z_k / T_k) [..., γ]."""
-        temps = torch.tensor(self.config.confidence_temperatures[: conf_logits.shape[-1]], device=conf_logits.device)
+    def confidence_probs(self, conf_logits: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
+        """Raw confidence logits [..., γ] → calibrated survival c_k = σ(z_k / T_k) [..., γ], with the STS
+        temperatures calibrated nearest the sampling `temperature` (0 = greedy; None: the top-level ones)."""
+        temps = self.config.confidence_temperatures_at(temperature)[: conf_logits.shape[-1]]
+        temps = torch.tensor(temps, device=conf_logits.device)
         return torch.sigmoid(conf_logits.float() / temps)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..model.config import calibration_entries
 from .data import check_excluded, done_ids, is_holdout, prompt_of, read_prompts
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
@@ -152,11 +153,12 @@ def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed:
 
 
 def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = None) -> dict:
-    """Fit STS on `rounds` (collected sampling at `temperature`, 0 = greedy), write the temperatures and the
-    measured prefix survival (`config.calibration`, the draft gate's prior at that temperature) into
-    drafter.config; returns the report."""
+    """Fit STS on `rounds` (collected sampling at `temperature`, 0 = greedy) and write the fitted temperatures and
+    the measured prefix survival into drafter.config as its calibration entry for that temperature (replacing an
+    earlier one there; entries at other temperatures stay: the draft gate's prior and the confidences' scale at
+    each); the top-level `confidence_temperatures` become these too. Returns the report."""
     gamma = drafter.config.block_size
-    old = list(drafter.config.confidence_temperatures)
+    old = drafter.config.confidence_temperatures_at(temperature)  # what scaled the rounds' confidences
     z, y, valid = rounds_to_arrays(rounds, gamma, old)
     ones = [1.0] * gamma
     temps = fit_sts(z, y, valid)
@@ -168,12 +170,15 @@ def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = Non
         "ece_after": ece_per_position(z, y, valid, temps),
         "temperatures": temps,
     }
-    drafter.config.confidence_temperatures = temps
     prefix, low = [], 1.0
     for rate in report["prefix_survival_rate"]:  # a position nobody reached counts as never surviving
         low = min(low, rate if rate is not None else 0.0)  # rates come from slightly different rounds: keep them monotone
         prefix.append(low)
-    drafter.config.calibration = {"temperature": float(temperature), "prefix_survival": prefix}
+    entry = {"temperature": float(temperature), "confidence_temperatures": temps, "prefix_survival": prefix}
+    others = [c for c in calibration_entries(drafter.config.calibration, drafter.config.confidence_temperatures) or []
+              if abs(c["temperature"] - float(temperature)) > 1e-6]
+    drafter.config.confidence_temperatures = temps
+    drafter.config.calibration = calibration_entries(others + [entry], temps)
     if plot:
         reliability_plot(z, y, valid, ones, temps, plot)
     return report

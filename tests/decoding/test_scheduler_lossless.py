@@ -376,15 +376,56 @@ def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
 
     model, drafter = scheduled_setup("auto", [1.0, 1.1, 1.2, 1.3])
     assert VerifyPolicy("auto", drafter, model, temperature=1.0)._gate_prior(1.0) is None  # not calibrated
-    drafter.config.calibration = {"temperature": 1.0, "prefix_survival": [0.8, 0.6, 0.1]}
+    ones = [1.0] * 3
+    drafter.config.calibration = [{"temperature": 1.0, "confidence_temperatures": ones, "prefix_survival": [0.8, 0.6, 0.1]}]
     policy = VerifyPolicy("auto", drafter, model, temperature=1.0)
     n = policy.length(torch.tensor([0.8, 0.75, 0.1 / 0.6]), 3)
     assert n == 2  # the third draft (conditional 1/6) does not pay for its 0.1 s on this curve
     assert policy._gate_prior(1.0) == (pytest.approx(0.8 + 0.6), 2)
     assert (policy.gate.accepted, policy.gate.cost) == pytest.approx((1.4, 1.2))  # priced on the profile
-    assert VerifyPolicy("auto", drafter, model, temperature=0.7).gate.accepted is None
+    assert VerifyPolicy("auto", drafter, model, temperature=0.7).gate.accepted is None  # nearest is not exact
     assert VerifyPolicy("auto", drafter, model, temperature=0.0).gate.accepted is None
     assert VerifyPolicy("auto", drafter, model).gate.accepted is None
+    # a greedy entry beside it: greedy calls start from what greedy measured, T = 1 calls still from theirs
+    drafter.config.calibration.append({"temperature": 0.0, "confidence_temperatures": ones,
+                                       "prefix_survival": [0.9, 0.9, 0.9]})
+    assert VerifyPolicy("auto", drafter, model, temperature=0.0)._gate_prior(0.0) == (pytest.approx(2.7), 3)
+    assert VerifyPolicy("auto", drafter, model, temperature=1.0)._gate_prior(1.0) == (pytest.approx(1.4), 2)
+
+
+def calibrated_per_temperature(drafter, greedy_scale: float, t1_scale: float):
+    """Entries at T = 0 and T = 1 whose STS temperatures differ by far, so the scheduler's lengths depend on
+    which one a call uses."""
+    g = drafter.config.block_size
+    drafter.config.calibration = [
+        {"temperature": 0.0, "confidence_temperatures": [greedy_scale] * g, "prefix_survival": [0.5] * g},
+        {"temperature": 1.0, "confidence_temperatures": [t1_scale] * g, "prefix_survival": [0.3] * g}]
+
+
+def test_greedy_identity_with_per_temperature_calibration():
+    """Greedy calls scale confidences with the greedy entry, not the T = 1 one, and stay identical."""
+    first = {}
+    for greedy_scale in (0.1, 10.0):
+        model, drafter = scheduled_setup("scheduler")
+        calibrated_per_temperature(drafter, greedy_scale, t1_scale=1.0)
+        plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40)
+        spec = model.generate(PROMPT, do_sample=False, max_new_tokens=40, assistant_model=drafter)
+        assert spec.tolist() == plain.tolist()
+        first[greedy_scale] = next(r.confidence for r in drafter.last_stats.rounds if r.drafted)
+    # the same first round (same context and drafts), scaled by 1/0.1 and by 1/10: far from 0.5, and close to it
+    sharp, flat = (torch.tensor(first[k]) for k in (0.1, 10.0))
+    assert len(sharp) == len(flat) > 0 and (sharp - 0.5).abs().min() > (flat - 0.5).abs().max(), first
+
+
+def test_sampling_exact_with_per_temperature_calibration():
+    """T = 1 calls scale with the T = 1 entry (sharp: long prefixes and short ones) and start the gate from its
+    survival; the samples must follow the target's law."""
+    model, drafter = scheduled_setup("scheduler")
+    calibrated_per_temperature(drafter, greedy_scale=10.0, t1_scale=0.2)
+    exact = exact_distribution(model, PROMPT, STEPS, processors())
+    samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=321)
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"per-temperature calibration: samples deviate from the target's law (p={p:.2e})"
 
 
 def test_sampling_exact_with_a_gate_that_starts_closed():
@@ -392,7 +433,8 @@ def test_sampling_exact_with_a_gate_that_starts_closed():
     samples must still follow the target's law, and some calls must both skip and draft."""
     model, drafter = scheduled_setup("scheduler", [1.0, 1.6, 1.9, 2.1])
     drafter.device_profile.draft_time = 0.5  # a drafted round costs more than a plain step even verifying nothing
-    drafter.config.calibration = {"temperature": 1.0, "prefix_survival": [0.05, 0.01, 0.0]}
+    drafter.config.calibration = [{"temperature": 1.0, "confidence_temperatures": [1.0] * 3,
+                                   "prefix_survival": [0.05, 0.01, 0.0]}]
     exact = exact_distribution(model, PROMPT, STEPS, processors())
     samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
     p = fit_pvalue(samples, exact)

@@ -55,13 +55,50 @@ def test_config_validation():
         DSparkConfig(block_size=1000, target_layer_ids=[0], mask_token_id=1)
     with pytest.raises(ValueError, match="strictly increasing"):
         DSparkConfig(target_layer_ids=[2, 1], mask_token_id=1)
-    ok = {"temperature": 1.0, "prefix_survival": [0.5, 0.2, 0.1]}
-    assert DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=ok).calibration == ok
+    ok = {"temperature": 1.0, "confidence_temperatures": [0.5, 1.0, 2.0], "prefix_survival": [0.5, 0.2, 0.1]}
+    assert DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=[ok]).calibration == [ok]
     for bad in ({"temperature": 1.0, "prefix_survival": [0.5, 0.2]}, {"temperature": 1.0, "prefix_survival": [0.2, 0.5, 0.1]},
                 {"temperature": -1.0, "prefix_survival": [0.5, 0.2, 0.1]}, {"prefix_survival": [0.5, 0.2, 0.1]},
-                {"temperature": 1.0, "prefix_survival": [1.5, 0.2, 0.1]}):
+                {"temperature": 1.0, "prefix_survival": [1.5, 0.2, 0.1]}, {**ok, "confidence_temperatures": [1.0, 0.0, 1.0]},
+                {**ok, "confidence_temperatures": [1.0]}, {**ok, "extra": 1}, [ok, dict(ok)], [], "t=1"):
         with pytest.raises(ValueError, match="calibration"):
             DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=bad)
+
+
+def test_calibration_per_temperature_scales_each_call_with_its_nearest_entry():
+    """Entries per sampling temperature: a call takes the nearest one's STS temperatures (greedy and T = 1 differ);
+    without entries, or with the temperature unknown, the top-level ones. The pre-list format (one dict, no
+    temperatures of its own) is read as one entry with the top-level temperatures."""
+    greedy = {"temperature": 0.0, "confidence_temperatures": [2.0, 2.0, 2.0], "prefix_survival": [0.8, 0.6, 0.5]}
+    t1 = {"temperature": 1.0, "confidence_temperatures": [0.5, 0.5, 0.5], "prefix_survival": [0.4, 0.2, 0.1]}
+    cfg = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=[t1, greedy],
+                       confidence_temperatures=[1.5, 1.5, 1.5])
+    assert [c["temperature"] for c in cfg.calibration] == [0.0, 1.0]  # canonical: sorted
+    assert cfg.confidence_temperatures_at(0.0) == [2.0] * 3 and cfg.confidence_temperatures_at(0.3) == [2.0] * 3
+    assert cfg.confidence_temperatures_at(0.7) == [0.5] * 3 and cfg.confidence_temperatures_at(1.3) == [0.5] * 3
+    assert cfg.confidence_temperatures_at(None) == [1.5] * 3 and cfg.calibration_at(None) is None
+    assert cfg.calibration_at(0.5)["temperature"] == 0.0  # a tie takes the lower
+    bare = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, confidence_temperatures=[1.5, 1.5, 1.5])
+    assert bare.calibration is None and bare.confidence_temperatures_at(0.0) == [1.5] * 3
+    legacy = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, confidence_temperatures=[0.9, 1.1, 1.3],
+                          calibration={"temperature": 1.0, "prefix_survival": [0.4, 0.2, 0.1]})
+    assert legacy.calibration == [{"temperature": 1.0, "confidence_temperatures": [0.9, 1.1, 1.3],
+                                   "prefix_survival": [0.4, 0.2, 0.1]}]
+    again = DSparkConfig.from_dict(cfg.to_dict())
+    assert again.calibration == cfg.calibration
+
+
+def test_drafter_confidences_follow_the_calls_temperature():
+    """draft(temperature=) and confidence_probs scale raw logits with that temperature's entry."""
+    drafter = make(tiny_target())
+    g = drafter.config.block_size
+    drafter.config.calibration = [
+        {"temperature": 0.0, "confidence_temperatures": [4.0] * g, "prefix_survival": [0.5] * g},
+        {"temperature": 1.0, "confidence_temperatures": [0.25] * g, "prefix_survival": [0.5] * g}]
+    z = torch.full((g,), 2.0)
+    assert torch.allclose(drafter.confidence_probs(z, 0.0), torch.sigmoid(z / 4.0))
+    assert torch.allclose(drafter.confidence_probs(z, 1.0), torch.sigmoid(z / 0.25))
+    assert torch.allclose(drafter.confidence_probs(z), torch.sigmoid(z / torch.tensor(drafter.config.confidence_temperatures)))
 
 
 def test_save_load_round_trip_stores_no_target_weights(tmp_path):

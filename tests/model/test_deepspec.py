@@ -326,16 +326,30 @@ def test_calibration_lives_beside_the_checkpoint(qwen_files):
     assert drafter.config.confidence_temperatures == temps
     assert drafter.config.calibration is None  # no measured survival in that file: no gate prior
     drafter.config.confidence_temperatures = [1.25] * 4  # what `hf-dspark calibrate` does, then saves beside
-    drafter.config.calibration = {"temperature": 1.0, "prefix_survival": [0.5, 0.3, 0.1, 0.0]}
+    drafter.config.calibration = [
+        {"temperature": 0.0, "confidence_temperatures": [2.0] * 4, "prefix_survival": [0.7, 0.5, 0.3, 0.1]},
+        {"temperature": 1.0, "confidence_temperatures": [1.25] * 4, "prefix_survival": [0.5, 0.3, 0.1, 0.0]}]
     deepspec.save_calibration(drafter)
     again = load(folder, target)
     assert again.config.confidence_temperatures == [1.25] * 4
-    assert again.config.calibration == drafter.config.calibration  # the draft gate's prior travels too
+    assert again.config.calibration == drafter.config.calibration  # every temperature's entry travels too
+    assert again.config.confidence_temperatures_at(0.0) == [2.0] * 4
     assert json.loads((folder / "config.json").read_text()) == cfg  # the DeepSpec files are never rewritten
     sd["fc.weight"] = sd["fc.weight"] * 2  # other weights: the sidecar no longer applies
     save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})
     assert load(folder, target).config.confidence_temperatures == [1.0] * 4
     assert load(folder, target).config.calibration is None
+
+
+def test_a_sidecar_of_the_single_entry_format_is_read_as_one_entry(qwen_files):
+    """Sidecars written before 2026-12-02 hold one {temperature, prefix_survival} dict: it scales with the
+    file's top-level temperatures."""
+    target, folder, cfg, sd = qwen_files
+    write(folder, cfg, sd)
+    deepspec.write_calibration(folder, [0.5, 1.5, 2.0, 3.0], sd["fc.weight"],
+                               {"temperature": 1.0, "prefix_survival": [0.5, 0.3, 0.1, 0.0]})
+    assert load(folder, target).config.calibration == [{"temperature": 1.0, "confidence_temperatures": [0.5, 1.5, 2.0, 3.0],
+                                                        "prefix_survival": [0.5, 0.3, 0.1, 0.0]}]
 
 
 def test_a_sidecar_with_bad_measured_survival_is_refused(qwen_files):
@@ -355,7 +369,8 @@ def test_export_import_round_trip_is_exact(tmp_path, family, head):
                                         confidence_head=head != "none")
     if head != "none":
         drafter.config.confidence_temperatures = [0.7, 1.1, 1.3, 2.0]
-        drafter.config.calibration = {"temperature": 0.0, "prefix_survival": [0.6, 0.4, 0.4, 0.1]}
+        drafter.config.calibration = [{"temperature": 0.0, "confidence_temperatures": [0.7, 1.1, 1.3, 2.0],
+                                       "prefix_survival": [0.6, 0.4, 0.4, 0.1]}]
     deepspec.export(drafter, tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["architectures"] == ["Qwen3DSparkModel"] and raw["num_target_layers"] == 4

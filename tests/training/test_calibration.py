@@ -73,11 +73,20 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
     from hf_dspark.training.calibration import calibrate
 
     report = calibrate(drafter, rounds, temperature=0)
-    prior = drafter.config.calibration
+    (prior,) = drafter.config.calibration
     assert prior["temperature"] == 0.0 and len(prior["prefix_survival"]) == 4
     assert all(a >= b for a, b in zip(prior["prefix_survival"], prior["prefix_survival"][1:]))
     assert prior["prefix_survival"][0] == report["prefix_survival_rate"][0]
+    assert prior["confidence_temperatures"] == report["temperatures"] == drafter.config.confidence_temperatures
     type(drafter.config).from_dict(drafter.config.to_dict()).validate()  # round-trips through config.json
+    # a calibration at another temperature adds its entry; one at the same temperature replaces it
+    t1_rounds = collect_rounds(llama, tok, drafter, ["hello hello hello"], max_new_tokens=20, temperature=1.0)
+    calibrate(drafter, t1_rounds, temperature=1.0)
+    assert [c["temperature"] for c in drafter.config.calibration] == [0.0, 1.0]
+    assert drafter.config.calibration[0] == prior
+    calibrate(drafter, rounds, temperature=0)
+    assert [c["temperature"] for c in drafter.config.calibration] == [0.0, 1.0]
+    assert drafter.config.calibration[0] == prior  # same rounds, same fit: the entry is replaced, not added
 
 
 def test_holdout_prompts_per_file_takes_only_never_answered_prompts_from_every_source(tmp_path):
