@@ -64,8 +64,9 @@ def main(args) -> int:
         drafter.save_pretrained(out)
     (out / f"calibration_{tag}.json").write_text(json.dumps(report, indent=2))
     print(f"{report['rounds']} rounds from {len(prompts)} prompts")
-    for k, (b, a, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["temperatures"])):
-        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (T = {t:.3f})")
+    for k, (b, a, f, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["ece_floor_after"],
+                                         report["temperatures"])):
+        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (a calibrated head would show ~{f:.4f} here; T = {t:.3f})")
     at = ", ".join(f"{c['temperature']:g}" for c in drafter.config.calibration)
     print(f"saved the calibrated drafter to {out} (calibrated at T = {at}); report {out}/calibration_{tag}.json, "
           f"reliability plot {out}/reliability_{tag}.png")

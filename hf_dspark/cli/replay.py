@@ -11,7 +11,7 @@ import torch
 from ..eval.replay import MODE_TEMPERATURE, replay, responses_for
 from ..io.loading import load_target_and_drafter
 from ..model.drafter import DSparkDrafter
-from ..training.calibration import ece_per_position, rounds_to_arrays
+from ..training.calibration import ece_floor_per_position, ece_per_position, rounds_to_arrays
 from ..training.data import read_answers
 from . import common
 
@@ -56,8 +56,10 @@ def main(args) -> int:
                 z, y, valid = rounds_to_arrays(st.rounds, st.block_size, temps)
                 entry["ece_raw"] = ece_per_position(z, y, valid, [1.0] * st.block_size)
                 entry["ece_calibrated"] = ece_per_position(z, y, valid, temps)
-                print("  ECE per position raw → calibrated: " + ", ".join(
-                    f"{a:.3f}→{b:.3f}" for a, b in zip(entry["ece_raw"], entry["ece_calibrated"])))
+                entry["ece_floor_calibrated"] = ece_floor_per_position(z, valid, temps)
+                print("  ECE per position raw → calibrated (floor: a calibrated head on these rounds): " + ", ".join(
+                    f"{a:.3f}→{b:.3f} ({f:.3f})" for a, b, f in
+                    zip(entry["ece_raw"], entry["ece_calibrated"], entry["ece_floor_calibrated"])))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"mode": args.mode, "max_new_tokens": args.max_new_tokens,

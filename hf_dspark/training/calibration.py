@@ -40,6 +40,18 @@ def ece(pred: np.ndarray, label: np.ndarray, bins: int = 20) -> float:
     return float(total)
 
 
+def ece_floor(pred: np.ndarray, draws: int = 50, seed: int = 0) -> float:
+    """The ECE a perfectly calibrated predictor would show on these predictions: mean ECE over `draws` label sets
+    drawn from Bernoulli(pred). ECE is biased upwards by sampling noise (each bin's observed rate is a mean of
+    n_bin coins, ~sqrt(p(1-p)/n_bin) off), so a measured ECE near this floor says the sample cannot tell the
+    predictor from a calibrated one; only the excess over it is miscalibration."""
+    pred = np.asarray(pred, dtype=np.float64)
+    if pred.size == 0:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    return float(np.mean([ece(pred, rng.random(pred.shape) < pred) for _ in range(draws)]))
+
+
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -69,6 +81,12 @@ def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = 
 def ece_per_position(z, y, valid, temps) -> list[float]:
     a = cumulative(z, temps)
     return [ece(a[valid[:, k], k], y[valid[:, k], k]) for k in range(a.shape[1])]
+
+
+def ece_floor_per_position(z, valid, temps) -> list[float]:
+    """[γ] ece_floor of the cumulative predictions at each position (what a calibrated head would measure here)."""
+    a = cumulative(z, temps)
+    return [ece_floor(a[valid[:, k], k]) for k in range(a.shape[1])]
 
 
 def rounds_to_arrays(rounds, block_size: int, temps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -168,6 +186,7 @@ def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = Non
         "prefix_survival_rate": [float(y[valid[:, k], k].mean()) if valid[:, k].any() else None for k in range(gamma)],
         "ece_before": ece_per_position(z, y, valid, ones),
         "ece_after": ece_per_position(z, y, valid, temps),
+        "ece_floor_after": ece_floor_per_position(z, valid, temps),
         "temperatures": temps,
     }
     prefix, low = [], 1.0

@@ -4,7 +4,15 @@ import json
 
 import numpy as np
 
-from hf_dspark.training.calibration import cumulative, ece, ece_per_position, fit_sts, reliability_plot, rounds_to_arrays
+from hf_dspark.training.calibration import (
+    cumulative,
+    ece,
+    ece_floor,
+    ece_per_position,
+    fit_sts,
+    reliability_plot,
+    rounds_to_arrays,
+)
 from hf_dspark.decoding.stats import Round
 
 
@@ -20,6 +28,18 @@ def _overconfident(R=4000, gamma=4, seed=0):
 def test_ece_simple():
     assert abs(ece(np.array([0.9, 0.9]), np.array([1.0, 1.0])) - 0.1) < 1e-12
     assert ece(np.array([0.25, 0.75]), np.array([0.0, 1.0])) == 0.25
+
+
+def test_ece_floor_is_what_calibrated_predictions_measure_and_shrinks_with_the_sample():
+    """Labels drawn from the predictions themselves measure about the floor; an over-confident head measures far
+    above it; the floor falls like 1/sqrt(n)."""
+    rng = np.random.default_rng(1)
+    small, large = rng.random(500), rng.random(20000)
+    calibrated = np.mean([ece(small, rng.random(500) < small) for _ in range(20)])
+    assert abs(calibrated - ece_floor(small)) < 0.01
+    assert ece_floor(large) < 0.4 * ece_floor(small)
+    sharp = np.where(small > 0.5, 0.95, 0.05)  # over-confident scores of the same coins
+    assert ece(sharp, rng.random(500) < small) > 3 * ece_floor(sharp)
 
 
 def test_sts_lowers_ece_and_keeps_order():
