@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 
+from hf_dspark.decoding.stats import Round
 from hf_dspark.training.calibration import (
     cumulative,
     ece,
@@ -13,7 +14,6 @@ from hf_dspark.training.calibration import (
     reliability_plot,
     rounds_to_arrays,
 )
-from hf_dspark.decoding.stats import Round
 
 
 def _overconfident(R=4000, gamma=4, seed=0):
