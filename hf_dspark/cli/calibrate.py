@@ -29,6 +29,8 @@ def add_parser(subparsers):
                    help="N prompts from each prompt file (instead of --limit pooled): every source in the mix")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature to calibrate for (0 = greedy)")
+    p.add_argument("--no-bias", action="store_true",
+                   help="fit temperatures only (the paper's STS); default: a temperature and a logit bias per position")
     p.add_argument("--seed", type=int, default=0)
     common.add_threads(p)
     p.add_argument("-o", "--output", default=None, help="save the calibrated drafter here instead of in place")
@@ -50,7 +52,7 @@ def main(args) -> int:
     out = Path(args.output or args.drafter)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"T{args.temperature:g}"  # one report per temperature: calibrating at another adds an entry, not replaces
-    report = calibrate(drafter, rounds, args.temperature, plot=out / f"reliability_{tag}.png")
+    report = calibrate(drafter, rounds, args.temperature, plot=out / f"reliability_{tag}.png", bias=not args.no_bias)
     report.update(prompts=len(prompts), temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     # Keep the checkpoint's stored dtype (the shipped drafter is bf16): the target's dtype is only for running.
     stored = args.save_dtype
@@ -64,9 +66,10 @@ def main(args) -> int:
         drafter.save_pretrained(out)
     (out / f"calibration_{tag}.json").write_text(json.dumps(report, indent=2))
     print(f"{report['rounds']} rounds from {len(prompts)} prompts")
-    for k, (b, a, f, t) in enumerate(zip(report["ece_before"], report["ece_after"], report["ece_floor_after"],
-                                         report["temperatures"])):
-        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (a calibrated head would show ~{f:.4f} here; T = {t:.3f})")
+    for k, (b, a, f, t, bias) in enumerate(zip(report["ece_before"], report["ece_after"], report["ece_floor_after"],
+                                               report["temperatures"], report["biases"])):
+        print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (a calibrated head would show ~{f:.4f} here; "
+              f"T = {t:.3f}, b = {bias:+.2f})")
     at = ", ".join(f"{c['temperature']:g}" for c in drafter.config.calibration)
     print(f"saved the calibrated drafter to {out} (calibrated at T = {at}); report {out}/calibration_{tag}.json, "
           f"reliability plot {out}/reliability_{tag}.png")

@@ -52,11 +52,11 @@ def main(args) -> int:
                 "acceptance_histogram": st.acceptance_histogram,
                 "target_argmax_agreement": st.target_argmax_agreement}
             if dr.confidence is not None:  # calibration quality on these rounds: ECE per position, raw vs fitted
-                temps = dr.config.confidence_temperatures_at(MODE_TEMPERATURE[args.mode])
-                z, y, valid = rounds_to_arrays(st.rounds, st.block_size, temps)
+                scaling = dr.config.confidence_scaling_at(MODE_TEMPERATURE[args.mode])
+                z, y, valid = rounds_to_arrays(st.rounds, st.block_size, *scaling)
                 entry["ece_raw"] = ece_per_position(z, y, valid, [1.0] * st.block_size)
-                entry["ece_calibrated"] = ece_per_position(z, y, valid, temps)
-                entry["ece_floor_calibrated"] = ece_floor_per_position(z, valid, temps)
+                entry["ece_calibrated"] = ece_per_position(z, y, valid, *scaling)
+                entry["ece_floor_calibrated"] = ece_floor_per_position(z, valid, *scaling)
                 print("  ECE per position raw → calibrated (floor: a calibrated head on these rounds): " + ", ".join(
                     f"{a:.3f}→{b:.3f} ({f:.3f})" for a, b, f in
                     zip(entry["ece_raw"], entry["ece_calibrated"], entry["ece_floor_calibrated"])))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -101,8 +102,9 @@ class DSparkConfig(PretrainedConfig):
             `hf-dspark calibrate` (sequential temperature scaling; the last calibration's); 1.0 = uncalibrated.
             Used where `calibration` has no entry (or the call's temperature is unknown).
         calibration (`list[dict]`, *optional*): one entry per sampling temperature t calibrated at (0 = greedy),
-            `{"temperature": t, "confidence_temperatures": [γ], "prefix_survival": [γ]}` (the STS temperatures
-            fitted there, and the fraction of held-out rounds whose first k drafts all survived). A generate call
+            `{"temperature": t, "confidence_temperatures": [γ], "confidence_biases": [γ], "prefix_survival": [γ]}`
+            (the scaling fitted there, c_k = σ(z_k / T_k + b_k), biases optional and 0 by default, and the fraction
+            of held-out rounds whose first k drafts all survived). A generate call
             scales confidences with the entry nearest its temperature (a draft's survival law differs between
             greedy and sampling), and the draft gate starts from `prefix_survival` when the call decodes at
             exactly t, instead of learning it again. A single dict without `confidence_temperatures` (the
@@ -227,15 +229,22 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"target_layer_ids must be strictly increasing ids >= -1, got {ids}")
 
     def _validate_calibration_entry(self, c) -> None:
-        rates, temps = (c.get("prefix_survival"), c.get("confidence_temperatures")) if isinstance(c, dict) else (0, 0)
-        if (not isinstance(c, dict) or set(c) != {"temperature", "confidence_temperatures", "prefix_survival"}
-                or isinstance(c["temperature"], bool) or not isinstance(c["temperature"], (int, float))
-                or c["temperature"] < 0 or not isinstance(rates, list) or len(rates) != self.block_size
-                or any(not 0 <= r <= 1 for r in rates) or any(b > a for a, b in zip(rates, rates[1:]))
-                or not isinstance(temps, list) or len(temps) != self.block_size or any(not t > 0 for t in temps)):
+        g = self.block_size
+        ok = isinstance(c, dict) and {"temperature", "confidence_temperatures", "prefix_survival"} <= set(c) \
+            <= {"temperature", "confidence_temperatures", "confidence_biases", "prefix_survival"}
+        if ok:
+            t, temps, rates, biases = (c["temperature"], c["confidence_temperatures"], c["prefix_survival"],
+                                       c.get("confidence_biases", [0.0] * g))
+            ok = (not isinstance(t, bool) and isinstance(t, (int, float)) and t >= 0
+                  and isinstance(rates, list) and len(rates) == g and all(0 <= r <= 1 for r in rates)
+                  and all(b <= a for a, b in zip(rates, rates[1:]))
+                  and isinstance(temps, list) and len(temps) == g and all(x > 0 for x in temps)
+                  and isinstance(biases, list) and len(biases) == g and all(math.isfinite(b) for b in biases))
+        if not ok:
             raise ValueError(
-                "a calibration entry must be {'temperature': t >= 0, 'confidence_temperatures': [block_size "
-                "values > 0], 'prefix_survival': [block_size non-increasing rates in [0, 1]]}, got " + repr(c)
+                "a calibration entry must be {'temperature': t >= 0, 'confidence_temperatures': [block_size values "
+                "> 0], 'confidence_biases' (optional): [block_size finite values], 'prefix_survival': [block_size "
+                "non-increasing rates in [0, 1]]}, got " + repr(c)
             )
 
     def calibration_at(self, temperature: float | None) -> dict | None:
@@ -246,10 +255,14 @@ class DSparkConfig(PretrainedConfig):
             return None
         return min(entries, key=lambda c: (abs(c["temperature"] - float(temperature)), c["temperature"]))
 
-    def confidence_temperatures_at(self, temperature: float | None) -> list[float]:
-        """[γ] STS temperatures for a call sampling at `temperature` (0 = greedy, None = unknown)."""
+    def confidence_scaling_at(self, temperature: float | None) -> tuple[list[float], list[float]]:
+        """([γ] STS temperatures, [γ] biases) for a call sampling at `temperature` (0 = greedy, None = unknown):
+        the nearest calibration entry's, else the top-level temperatures with no bias."""
         entry = self.calibration_at(temperature)
-        return list(entry["confidence_temperatures"]) if entry else list(self.confidence_temperatures)
+        if entry is None:
+            return list(self.confidence_temperatures), [0.0] * len(self.confidence_temperatures)
+        temps = list(entry["confidence_temperatures"])
+        return temps, list(entry.get("confidence_biases", [0.0] * len(temps)))
 
     def _validate_rope(self) -> None:
         rope, types = self.rope_parameters, ("default", *ROPE_INIT_FUNCTIONS)

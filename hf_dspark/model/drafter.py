@@ -320,7 +320,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         weights: draft_weights(), gathered once per generate (default: gathered now); offset: positions the target
         holds before prefix_ids' first token (a prompt given as inputs_embeds), so the anchor sits at
         cur_len - 1 + offset; temperature: the call's sampling temperature (0 = greedy), which picks the
-        calibration its confidences are scaled with (config.confidence_temperatures_at)."""
+        calibration its confidences are scaled with (config.confidence_scaling_at)."""
         cur_len = prefix_ids.shape[1] + offset
         slots = self.backbone_slots(n if reach is None else reach)
         anchor = prefix_ids[:, -1:].to(self.device)
@@ -335,8 +335,10 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         return block
 
     def confidence_probs(self, conf_logits: torch.Tensor, temperature: float | None = None) -> torch.Tensor:
-        """Raw confidence logits [..., γ] → calibrated survival c_k = σ(z_k / T_k) [..., γ], with the STS
-        temperatures calibrated nearest the sampling `temperature` (0 = greedy; None: the top-level ones)."""
-        temps = self.config.confidence_temperatures_at(temperature)[: conf_logits.shape[-1]]
-        temps = torch.tensor(temps, device=conf_logits.device)
-        return torch.sigmoid(conf_logits.float() / temps)
+        """Raw confidence logits [..., γ] → calibrated survival c_k = σ(z_k / T_k + b_k) [..., γ], with the scaling
+        calibrated nearest the sampling `temperature` (0 = greedy; None: the top-level temperatures, no bias)."""
+        temps, biases = self.config.confidence_scaling_at(temperature)
+        n = conf_logits.shape[-1]
+        temps = torch.tensor(temps[:n], device=conf_logits.device)
+        biases = torch.tensor(biases[:n], device=conf_logits.device)
+        return torch.sigmoid(conf_logits.float() / temps + biases)

@@ -2,9 +2,12 @@
 
 From rounds of real, fixed-length speculative decoding on held-out prompts we take, per drafted position k,
 the raw confidence logit z_k and the prefix-survival label y_k = 1[first k drafts all accepted]. Position by
-position (k = 1..γ, earlier temperatures fixed) a 1-D grid search picks T_k minimising the ECE of the
-cumulative prediction â_k = Π_{i≤k} σ(z_i / T_i) against y_k. Scaling by T_k > 0 is monotone, so the
-ranking of scores (AUROC) at each position is unchanged.
+position (k = 1..γ, earlier positions fixed) a grid search picks T_k, and a bias b_k, minimising the ECE of the
+cumulative prediction â_k = Π_{i≤k} σ(z_i / T_i + b_i) against y_k. The bias is ours, not the paper's: the
+head's label is the T = 1 survival of drafts on the training answers' contexts, and where a call's law differs
+(greedy; T = 1 on the noisier contexts its own samples make) the head is off by a shift, which a temperature,
+stretching logits around 0, cannot undo (docs/benchmarks.md). Both maps are monotone, so the ranking of scores
+(AUROC) at each position is unchanged.
 
 Shapes: R rounds, γ positions. `z`, `y`, `valid` are [R, γ]; `valid` marks positions that were verified
 and not past an accepted stop (those carry no label).
@@ -24,6 +27,7 @@ from ..model.config import calibration_entries
 from .data import check_excluded, done_ids, is_holdout, prompt_of, read_prompts
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
+BIAS_GRID = np.linspace(-2.0, 2.0, 81)  # logit shifts; 0 is on it, so the fit can keep plain temperature scaling
 
 
 def ece(pred: np.ndarray, label: np.ndarray, bins: int = 20) -> float:
@@ -32,12 +36,8 @@ def ece(pred: np.ndarray, label: np.ndarray, bins: int = 20) -> float:
     if pred.size == 0:
         return float("nan")
     idx = np.minimum((pred * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        sel = idx == b
-        if sel.any():
-            total += sel.sum() / pred.size * abs(pred[sel].mean() - label[sel].mean())
-    return float(total)
+    gap = np.bincount(idx, weights=pred - label, minlength=bins)  # Σ (pred − label) per bin = n_bin·(mean gap)
+    return float(np.abs(gap).sum() / pred.size)
 
 
 def ece_floor(pred: np.ndarray, draws: int = 50, seed: int = 0) -> float:
@@ -56,42 +56,57 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def cumulative(z: np.ndarray, temps) -> np.ndarray:
-    """[R, γ] raw logits → â [R, γ] = running product of σ(z_k / T_k), in float64."""
-    return np.cumprod(_sigmoid(np.asarray(z, np.float64) / np.asarray(temps, np.float64)), axis=1)
+def cumulative(z: np.ndarray, temps, biases=None) -> np.ndarray:
+    """[R, γ] raw logits → â [R, γ] = running product of σ(z_k / T_k + b_k), in float64 (biases default 0)."""
+    return np.cumprod(_sigmoid(_scaled(z, temps, biases)), axis=1)
 
 
-def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = GRID) -> list[float]:
-    """Sequential temperature scaling → [γ] temperatures. A position with no labelled rounds keeps T = 1."""
+def _scaled(z, temps, biases=None) -> np.ndarray:
+    z = np.asarray(z, np.float64)
+    b = np.zeros(z.shape[-1]) if biases is None else np.asarray(biases, np.float64)
+    return z / np.asarray(temps, np.float64) + b
+
+
+def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = GRID,
+            bias_grid: np.ndarray | None = BIAS_GRID) -> tuple[list[float], list[float]]:
+    """Sequential temperature scaling → ([γ] temperatures, [γ] biases). bias_grid None: temperatures only (biases
+    0, the paper's STS). A position with no labelled rounds keeps T = 1, b = 0."""
     z, y, valid = np.asarray(z, np.float64), np.asarray(y, np.float64), np.asarray(valid, bool)
     gamma = z.shape[1]
+    biases_grid = np.zeros(1) if bias_grid is None else np.asarray(bias_grid, np.float64)
     temps: list[float] = []
+    biases: list[float] = []
     prefix = np.ones(z.shape[0])
     for k in range(gamma):
         v = valid[:, k]
-        if not v.any():
-            temps.append(1.0)
-        else:
-            errs = [ece(prefix[v] * _sigmoid(z[v, k] / t), y[v, k]) for t in grid]
-            temps.append(float(grid[int(np.argmin(errs))]))
-        prefix = prefix * _sigmoid(z[:, k] / temps[-1])
-    return temps
+        t_best, b_best = 1.0, 0.0
+        if v.any():
+            err_best = ece(prefix[v] * _sigmoid(z[v, k]), y[v, k])
+            for t in grid:
+                for b in biases_grid:
+                    err = ece(prefix[v] * _sigmoid(z[v, k] / t + b), y[v, k])
+                    if err < err_best - 1e-12:
+                        t_best, b_best, err_best = float(t), float(b), err
+        temps.append(t_best)
+        biases.append(b_best)
+        prefix = prefix * _sigmoid(z[:, k] / t_best + b_best)
+    return temps, biases
 
 
-def ece_per_position(z, y, valid, temps) -> list[float]:
-    a = cumulative(z, temps)
+def ece_per_position(z, y, valid, temps, biases=None) -> list[float]:
+    a = cumulative(z, temps, biases)
     return [ece(a[valid[:, k], k], y[valid[:, k], k]) for k in range(a.shape[1])]
 
 
-def ece_floor_per_position(z, valid, temps) -> list[float]:
+def ece_floor_per_position(z, valid, temps, biases=None) -> list[float]:
     """[γ] ece_floor of the cumulative predictions at each position (what a calibrated head would measure here)."""
-    a = cumulative(z, temps)
+    a = cumulative(z, temps, biases)
     return [ece_floor(a[valid[:, k], k]) for k in range(a.shape[1])]
 
 
-def rounds_to_arrays(rounds, block_size: int, temps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """DSparkStats.rounds → z, y, valid [R, γ]. Round.confidence holds σ(z/T) with the drafter's temperatures
-    at decoding time (`temps`), so z = T·logit(c). A round without a bonus token ended on a stop or the length
+def rounds_to_arrays(rounds, block_size: int, temps, biases=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """DSparkStats.rounds → z, y, valid [R, γ]. Round.confidence holds σ(z/T + b) with the drafter's scaling at
+    decoding time (`temps`, `biases`), so z = T·(logit(c) − b). A round without a bonus token ended on a stop or the length
     limit: its positions past the accepted ones carry no label and are dropped."""
     R = len(rounds)
     z, y, valid = np.zeros((R, block_size)), np.zeros((R, block_size)), np.zeros((R, block_size), bool)
@@ -99,7 +114,8 @@ def rounds_to_arrays(rounds, block_size: int, temps) -> tuple[np.ndarray, np.nda
     for i, r in enumerate(rounds):
         c = np.clip(np.asarray(r.confidence[:block_size], np.float64), eps, 1 - eps)
         n = min(len(c), r.verified)
-        z[i, : len(c)] = np.asarray(temps[: len(c)]) * np.log(c / (1 - c))
+        b = np.zeros(len(c)) if biases is None else np.asarray(biases[: len(c)], np.float64)
+        z[i, : len(c)] = np.asarray(temps[: len(c)]) * (np.log(c / (1 - c)) - b)
         last = n if r.committed > r.accepted else min(n, r.accepted)
         valid[i, :last] = True
         y[i, : r.accepted] = 1.0
@@ -107,6 +123,7 @@ def rounds_to_arrays(rounds, block_size: int, temps) -> tuple[np.ndarray, np.nda
 
 
 def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 20) -> None:
+    """before/after: the scalings compared, each (temperatures [γ], biases [γ] or None)."""
     # A bare Figure (no pyplot): works headless and leaves the caller's backend alone (a notebook's inline one).
     from matplotlib.figure import Figure
 
@@ -116,8 +133,8 @@ def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 2
     axes = np.atleast_1d(axes)
     for k, ax in enumerate(axes):
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
-        for temps, name, color in ((before, "before", "tab:red"), (after, "after", "tab:blue")):
-            a = cumulative(z, temps)[valid[:, k], k]
+        for (temps, biases), name, color in ((before, "before", "tab:red"), (after, "after", "tab:blue")):
+            a = cumulative(z, temps, biases)[valid[:, k], k]
             lab = y[valid[:, k], k]
             idx = np.minimum((a * bins).astype(int), bins - 1)
             xs = [a[idx == b].mean() for b in range(bins) if (idx == b).any()]
@@ -170,34 +187,37 @@ def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed:
     return [p["prompt"] for p in prompts[:limit]]
 
 
-def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = None) -> dict:
-    """Fit STS on `rounds` (collected sampling at `temperature`, 0 = greedy) and write the fitted temperatures and
-    the measured prefix survival into drafter.config as its calibration entry for that temperature (replacing an
-    earlier one there; entries at other temperatures stay: the draft gate's prior and the confidences' scale at
-    each); the top-level `confidence_temperatures` become these too. Returns the report."""
+def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = None, bias: bool = True) -> dict:
+    """Fit STS on `rounds` (collected sampling at `temperature`, 0 = greedy; bias=False: temperatures only) and
+    write the fitted scaling and the measured prefix survival into drafter.config as its calibration entry for that
+    temperature (replacing an earlier one there; entries at other temperatures stay: the draft gate's prior and the
+    confidences' scale at each); the top-level `confidence_temperatures` become these temperatures too. Returns
+    the report."""
     gamma = drafter.config.block_size
-    old = drafter.config.confidence_temperatures_at(temperature)  # what scaled the rounds' confidences
-    z, y, valid = rounds_to_arrays(rounds, gamma, old)
-    ones = [1.0] * gamma
-    temps = fit_sts(z, y, valid)
+    old = drafter.config.confidence_scaling_at(temperature)  # what scaled the rounds' confidences
+    z, y, valid = rounds_to_arrays(rounds, gamma, *old)
+    raw = ([1.0] * gamma, None)
+    temps, biases = fit_sts(z, y, valid, bias_grid=BIAS_GRID if bias else None)
     report = {
         "rounds": len(rounds),
         "labelled_per_position": valid.sum(0).tolist(),
         "prefix_survival_rate": [float(y[valid[:, k], k].mean()) if valid[:, k].any() else None for k in range(gamma)],
-        "ece_before": ece_per_position(z, y, valid, ones),
-        "ece_after": ece_per_position(z, y, valid, temps),
-        "ece_floor_after": ece_floor_per_position(z, valid, temps),
+        "ece_before": ece_per_position(z, y, valid, *raw),
+        "ece_after": ece_per_position(z, y, valid, temps, biases),
+        "ece_floor_after": ece_floor_per_position(z, valid, temps, biases),
         "temperatures": temps,
+        "biases": biases,
     }
     prefix, low = [], 1.0
     for rate in report["prefix_survival_rate"]:  # a position nobody reached counts as never surviving
         low = min(low, rate if rate is not None else 0.0)  # rates come from slightly different rounds: keep them monotone
         prefix.append(low)
-    entry = {"temperature": float(temperature), "confidence_temperatures": temps, "prefix_survival": prefix}
+    entry = {"temperature": float(temperature), "confidence_temperatures": temps, "confidence_biases": biases,
+             "prefix_survival": prefix}
     others = [c for c in calibration_entries(drafter.config.calibration, drafter.config.confidence_temperatures) or []
               if abs(c["temperature"] - float(temperature)) > 1e-6]
     drafter.config.confidence_temperatures = temps
     drafter.config.calibration = calibration_entries(others + [entry], temps)
     if plot:
-        reliability_plot(z, y, valid, ones, temps, plot)
+        reliability_plot(z, y, valid, raw, (temps, biases), plot)
     return report

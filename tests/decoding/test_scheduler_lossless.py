@@ -394,12 +394,13 @@ def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
 
 
 def calibrated_per_temperature(drafter, greedy_scale: float, t1_scale: float):
-    """Entries at T = 0 and T = 1 whose STS temperatures differ by far, so the scheduler's lengths depend on
-    which one a call uses."""
+    """Entries at T = 0 and T = 1 whose scalings differ by far (T = 1's with biases), so the scheduler's lengths
+    depend on which one a call uses."""
     g = drafter.config.block_size
     drafter.config.calibration = [
         {"temperature": 0.0, "confidence_temperatures": [greedy_scale] * g, "prefix_survival": [0.5] * g},
-        {"temperature": 1.0, "confidence_temperatures": [t1_scale] * g, "prefix_survival": [0.3] * g}]
+        {"temperature": 1.0, "confidence_temperatures": [t1_scale] * g, "confidence_biases": [0.5, -0.5, 1.0][:g],
+         "prefix_survival": [0.3] * g}]
 
 
 def test_greedy_identity_with_per_temperature_calibration():

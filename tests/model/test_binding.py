@@ -74,18 +74,25 @@ def test_calibration_per_temperature_scales_each_call_with_its_nearest_entry():
     cfg = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=[t1, greedy],
                        confidence_temperatures=[1.5, 1.5, 1.5])
     assert [c["temperature"] for c in cfg.calibration] == [0.0, 1.0]  # canonical: sorted
-    assert cfg.confidence_temperatures_at(0.0) == [2.0] * 3 and cfg.confidence_temperatures_at(0.3) == [2.0] * 3
-    assert cfg.confidence_temperatures_at(0.7) == [0.5] * 3 and cfg.confidence_temperatures_at(1.3) == [0.5] * 3
-    assert cfg.confidence_temperatures_at(None) == [1.5] * 3 and cfg.calibration_at(None) is None
+    temps_at = lambda t: cfg.confidence_scaling_at(t)[0]  # noqa: E731
+    assert temps_at(0.0) == [2.0] * 3 and temps_at(0.3) == [2.0] * 3
+    assert temps_at(0.7) == [0.5] * 3 and temps_at(1.3) == [0.5] * 3
+    assert cfg.confidence_scaling_at(None) == ([1.5] * 3, [0.0] * 3) and cfg.calibration_at(None) is None
     assert cfg.calibration_at(0.5)["temperature"] == 0.0  # a tie takes the lower
     bare = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, confidence_temperatures=[1.5, 1.5, 1.5])
-    assert bare.calibration is None and bare.confidence_temperatures_at(0.0) == [1.5] * 3
+    assert bare.calibration is None and bare.confidence_scaling_at(0.0) == ([1.5] * 3, [0.0] * 3)
+    shifted = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1,
+                           calibration=[{**greedy, "confidence_biases": [-0.5, 0.0, 0.25]}])
+    assert shifted.confidence_scaling_at(0.0) == ([2.0] * 3, [-0.5, 0.0, 0.25])  # an entry without biases: 0
     legacy = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, confidence_temperatures=[0.9, 1.1, 1.3],
                           calibration={"temperature": 1.0, "prefix_survival": [0.4, 0.2, 0.1]})
     assert legacy.calibration == [{"temperature": 1.0, "confidence_temperatures": [0.9, 1.1, 1.3],
                                    "prefix_survival": [0.4, 0.2, 0.1]}]
     again = DSparkConfig.from_dict(cfg.to_dict())
     assert again.calibration == cfg.calibration
+    with pytest.raises(ValueError, match="calibration"):
+        DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1,
+                     calibration=[{**greedy, "confidence_biases": [0.0, float("nan"), 0.0]}])
 
 
 def test_drafter_confidences_follow_the_calls_temperature():
@@ -94,10 +101,11 @@ def test_drafter_confidences_follow_the_calls_temperature():
     g = drafter.config.block_size
     drafter.config.calibration = [
         {"temperature": 0.0, "confidence_temperatures": [4.0] * g, "prefix_survival": [0.5] * g},
-        {"temperature": 1.0, "confidence_temperatures": [0.25] * g, "prefix_survival": [0.5] * g}]
+        {"temperature": 1.0, "confidence_temperatures": [0.25] * g, "confidence_biases": [-1.0] * g,
+         "prefix_survival": [0.5] * g}]
     z = torch.full((g,), 2.0)
     assert torch.allclose(drafter.confidence_probs(z, 0.0), torch.sigmoid(z / 4.0))
-    assert torch.allclose(drafter.confidence_probs(z, 1.0), torch.sigmoid(z / 0.25))
+    assert torch.allclose(drafter.confidence_probs(z, 1.0), torch.sigmoid(z / 0.25 - 1.0))
     assert torch.allclose(drafter.confidence_probs(z), torch.sigmoid(z / torch.tensor(drafter.config.confidence_temperatures)))
 
 

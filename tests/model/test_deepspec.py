@@ -328,12 +328,13 @@ def test_calibration_lives_beside_the_checkpoint(qwen_files):
     drafter.config.confidence_temperatures = [1.25] * 4  # what `hf-dspark calibrate` does, then saves beside
     drafter.config.calibration = [
         {"temperature": 0.0, "confidence_temperatures": [2.0] * 4, "prefix_survival": [0.7, 0.5, 0.3, 0.1]},
-        {"temperature": 1.0, "confidence_temperatures": [1.25] * 4, "prefix_survival": [0.5, 0.3, 0.1, 0.0]}]
+        {"temperature": 1.0, "confidence_temperatures": [1.25] * 4, "confidence_biases": [-0.3, 0.0, 0.1, 0.0],
+         "prefix_survival": [0.5, 0.3, 0.1, 0.0]}]
     deepspec.save_calibration(drafter)
     again = load(folder, target)
     assert again.config.confidence_temperatures == [1.25] * 4
     assert again.config.calibration == drafter.config.calibration  # every temperature's entry travels too
-    assert again.config.confidence_temperatures_at(0.0) == [2.0] * 4
+    assert again.config.confidence_scaling_at(0.0) == ([2.0] * 4, [0.0] * 4)
     assert json.loads((folder / "config.json").read_text()) == cfg  # the DeepSpec files are never rewritten
     sd["fc.weight"] = sd["fc.weight"] * 2  # other weights: the sidecar no longer applies
     save_file(sd, folder / "model.safetensors", metadata={"format": "pt"})

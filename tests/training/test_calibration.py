@@ -45,7 +45,7 @@ def test_ece_floor_is_what_calibrated_predictions_measure_and_shrinks_with_the_s
 def test_sts_lowers_ece_and_keeps_order():
     z, y, v = _overconfident()
     ones = [1.0] * z.shape[1]
-    temps = fit_sts(z, y, v)
+    temps, _ = fit_sts(z, y, v, bias_grid=None)
     before, after = ece_per_position(z, y, v, ones), ece_per_position(z, y, v, temps)
     assert all(a < b for a, b in zip(after, before)), (before, after)
     assert np.mean(after) < 0.5 * np.mean(before)
@@ -55,19 +55,34 @@ def test_sts_lowers_ece_and_keeps_order():
         assert (np.argsort(c0, kind="stable") == np.argsort(c1, kind="stable")).all()
 
 
-def test_rounds_to_arrays_inverts_temperatures_and_drops_after_stop(tmp_path):
-    temps = [2.0, 0.5, 1.0]
+def test_a_bias_fixes_a_shifted_head_that_a_temperature_cannot():
+    """A head whose logits are shifted (it predicts survival too high at every score: what the shipped head does at
+    T = 1 on the eval sets) keeps most of its ECE under temperatures alone; with a bias per position it is
+    calibrated down to about the floor, and the ordering of scores is unchanged."""
+    rng = np.random.default_rng(2)
+    true_z = rng.normal(-0.5, 1.5, size=(4000, 2))
+    y = np.cumprod(rng.random(true_z.shape) < 1 / (1 + np.exp(-true_z)), axis=1).astype(float)
+    z, v = true_z + 1.0, np.ones_like(y, bool)  # over-predicts by a logit of 1
+    t_only, b0 = fit_sts(z, y, v, bias_grid=None)
+    temps, biases = fit_sts(z, y, v)
+    assert b0 == [0.0] * 2 and -1.3 < biases[0] < -0.7, biases
+    shifted, fixed = ece_per_position(z, y, v, t_only), ece_per_position(z, y, v, temps, biases)
+    assert fixed[0] < 0.5 * shifted[0] and fixed[0] < 0.02, (shifted, fixed)
+
+
+def test_rounds_to_arrays_inverts_the_scaling_and_drops_after_stop(tmp_path):
+    temps, biases = [2.0, 0.5, 1.0], [0.5, -1.0, 0.0]
     z = np.array([1.0, -2.0, 0.3])
-    conf = list(1 / (1 + np.exp(-z / np.array(temps))))
+    conf = list(1 / (1 + np.exp(-(z / np.array(temps) + np.array(biases)))))
     r1 = Round(drafted=3, verified=3, accepted=1, committed=2, draft_time=0, verify_time=0, confidence=conf)
     r2 = Round(drafted=3, verified=3, accepted=1, committed=1, draft_time=0, verify_time=0, confidence=conf)  # stop
-    zz, y, v = rounds_to_arrays([r1, r2], 3, temps)
+    zz, y, v = rounds_to_arrays([r1, r2], 3, temps, biases)
     assert np.allclose(zz[0], z, atol=1e-5)
     assert y.tolist() == [[1, 0, 0], [1, 0, 0]]
     assert v.tolist() == [[True, True, True], [True, False, False]]
-    reliability_plot(zz, y, v, [1.0] * 3, temps, tmp_path / "rel.png")
+    reliability_plot(zz, y, v, ([1.0] * 3, None), (temps, biases), tmp_path / "rel.png")
     assert (tmp_path / "rel.png").stat().st_size > 1000
-    assert cumulative(zz, temps).shape == (2, 3)
+    assert np.allclose(cumulative(zz, temps, biases)[0], np.cumprod(conf))
 
 
 def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, char_tokenizer):
@@ -98,15 +113,18 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
     assert all(a >= b for a, b in zip(prior["prefix_survival"], prior["prefix_survival"][1:]))
     assert prior["prefix_survival"][0] == report["prefix_survival_rate"][0]
     assert prior["confidence_temperatures"] == report["temperatures"] == drafter.config.confidence_temperatures
+    assert prior["confidence_biases"] == report["biases"]
     type(drafter.config).from_dict(drafter.config.to_dict()).validate()  # round-trips through config.json
     # a calibration at another temperature adds its entry; one at the same temperature replaces it
     t1_rounds = collect_rounds(llama, tok, drafter, ["hello hello hello"], max_new_tokens=20, temperature=1.0)
     calibrate(drafter, t1_rounds, temperature=1.0)
     assert [c["temperature"] for c in drafter.config.calibration] == [0.0, 1.0]
     assert drafter.config.calibration[0] == prior
-    calibrate(drafter, rounds, temperature=0)
-    assert [c["temperature"] for c in drafter.config.calibration] == [0.0, 1.0]
-    assert drafter.config.calibration[0] == prior  # same rounds, same fit: the entry is replaced, not added
+    # rounds hold confidences as scaled when collected: a new calibration collects its own
+    again = collect_rounds(llama, tok, drafter, ["abc abc abc"], max_new_tokens=20, temperature=0)
+    calibrate(drafter, again, temperature=0)
+    assert [c["temperature"] for c in drafter.config.calibration] == [0.0, 1.0]  # replaced, not added
+    assert drafter.config.calibration[0]["prefix_survival"] != prior["prefix_survival"]
 
 
 def test_holdout_prompts_per_file_takes_only_never_answered_prompts_from_every_source(tmp_path):
