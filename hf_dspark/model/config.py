@@ -250,7 +250,9 @@ class DSparkConfig(PretrainedConfig):
     def calibration_at(self, temperature: float | None) -> dict | None:
         """The calibration entry measured nearest to a call's sampling temperature (0 = greedy; ties: the lower
         one); None without entries or when the temperature is unknown."""
-        entries = calibration_entries(self.calibration, self.confidence_temperatures)
+        # called every drafted round: a list is read as it is (min needs no order); only a legacy dict is converted
+        entries = self.calibration if isinstance(self.calibration, list) else \
+            calibration_entries(self.calibration, self.confidence_temperatures)
         if not entries or temperature is None:
             return None
         return min(entries, key=lambda c: (abs(c["temperature"] - float(temperature)), c["temperature"]))
