@@ -4,8 +4,8 @@
 # The schedule is planned once for the whole run (--max-steps over several sessions); rerunning resumes it.
 # The DFlash ablation on the same batches: HEAD_TYPE=none RUN=runs/smollm2-dflash SAME_DATA_AS=runs/smollm2-markov.
 # A next stage from a finished run's drafter, on all answers under its own plan (lr 3e-4 undid the first run's
-# cosine tail within 100 steps, docs/training.md; start it once the answers are all there):
-#   RUN=runs/smollm2-markov-2 INIT_FROM=runs/smollm2-markov/drafter STEPS=3000 LR=1e-4 bash scripts/train_drafter.sh M
+# cosine tail within 100 steps, docs/training.md; started 2026-12-03 on 22,322 answers, rerun the same to resume):
+#   RUN=runs/smollm2-markov-2 INIT_FROM=runs/smollm2-markov/drafter STEPS=2000 LR=1e-4 bash scripts/train_drafter.sh M
 # (drafter/ is the committed bf16 copy; runs/smollm2-markov/drafter-fp32, the float32 master, where this machine has it)
 # `kill <pid>` stops it cleanly (the step in flight finishes and is saved). The target's tapped features are cached
 # per answer outside the repo ($FEATURES, bf16, ~4.6 KB a token): from the second epoch on a step skips the target.
