@@ -25,7 +25,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-anchors", type=int, default=64, help="blocks per sequence per step")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="planned total steps (default: --epochs over the data); another total on a resume re-plans "
+                        "the rest: cosine from the current learning rate to 0 at the new total")
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--val-size", type=int, default=32)
     p.add_argument("--eval-every", type=int, default=50)

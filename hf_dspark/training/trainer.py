@@ -131,7 +131,10 @@ def hash_id(key: str) -> int:
 
 
 # ---- schedule --------------------------------------------------------------------------------------------
-def lr_lambda(total: int, warmup_frac: float = 0.04):
+def lr_lambda(total: int, warmup_frac: float = 0.04, replans: list[dict] = ()):
+    """Linear warmup, then cosine to 0 at `total`. Each re-plan {"at": step, "total": new total} (a resumed run
+    given another --max-steps) continues from the factor it had reached at `at`, cosine to 0 at its new total: no
+    jump in the learning rate, and the steps before `at` keep the schedule they were trained under."""
     warmup = max(1, round(warmup_frac * total))
 
     def f(t: int) -> float:
@@ -139,8 +142,40 @@ def lr_lambda(total: int, warmup_frac: float = 0.04):
             return (t + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (t - warmup) / max(1, total - warmup))))
 
-    f.total = total  # the planned length, saved with the run
+    for r in replans:
+        f = _replanned(f, r["at"], r["total"])
+    f.total = replans[-1]["total"] if replans else total  # the planned length, saved with the run
+    f.replans = list(replans)
     return f
+
+
+def _replanned(before, at: int, total: int):
+    start = before(at)
+
+    def f(t: int) -> float:
+        if t < at:
+            return before(t)
+        return start * 0.5 * (1 + math.cos(math.pi * min(1.0, (t - at) / max(1, total - at))))
+
+    return f
+
+
+def _plan(saved: dict | None, cfg_steps: int | None, default: int, log) -> tuple[int, list[dict]]:
+    """(first planned total, re-plans) for a run: a new run plans `cfg_steps` or `default`; a resume keeps the
+    saved plan (so a stream that grew since does not re-plan an epoch-based run), or re-plans from the saved step
+    when --max-steps names another total."""
+    if saved is None or "total" not in saved:  # (a progress file from before totals were saved: plan anew)
+        return cfg_steps or default, []
+    replans = list(saved.get("replans", []))
+    first = replans[0]["from"] if replans else saved["total"]
+    if cfg_steps and cfg_steps != saved["total"]:
+        if cfg_steps <= saved["step"]:
+            raise ValueError(f"--max-steps {cfg_steps} is not past the saved step {saved['step']} "
+                             f"(planned total {saved['total']}); give a larger total or omit --max-steps")
+        replans.append({"at": saved["step"], "from": saved["total"], "total": cfg_steps})
+        log(f"re-planned at step {saved['step']}: {saved['total']} → {cfg_steps} steps (cosine from the current "
+            "learning rate to 0 at the new total)")
+    return first, replans
 
 
 # ---- training --------------------------------------------------------------------------------------------
@@ -181,9 +216,10 @@ class TrainConfig:
 
 # What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
 _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
-                  "lr", "weight_decay", "warmup", "epochs", "max_steps", "max_length", "val_size", "seed", "warm_start",
+                  "lr", "weight_decay", "warmup", "epochs", "max_length", "val_size", "seed", "warm_start",
                   "draft_vocab", "same_data_as", "init_from")
-# (not precision: a run that spans sessions may land on a CPU without native bf16)
+# (not precision: a run that spans sessions may land on a CPU without native bf16; not max_steps: another total on
+# a resume re-plans the rest of the schedule, `_plan`)
 
 
 def _differences(saved: dict, ours, keys, skip_missing: bool = False) -> dict:
@@ -216,8 +252,9 @@ def same_data(cfg: TrainConfig) -> dict:
         raise ValueError(f"same_data_as={ref} was trained with other data settings (theirs vs ours): {differ}")
     vocab = None
     if cfg.draft_vocab:
-        with safe_open(str(ref / "drafter" / "model.safetensors"), "pt") as f:
-            vocab = f.get_tensor("draft_vocab")
+        for path in _weight_files(ref / "drafter"):
+            with safe_open(str(path), "pt") as f:
+                vocab = f.get_tensor("draft_vocab") if "draft_vocab" in f.keys() else vocab
     progress = json.loads((ref / "progress.json").read_text())
     if progress["step"] < progress.get("total", progress["step"]):
         logger.warning("same_data_as=%s is at step %d of %d: epochs it has not opened yet may differ from this "
@@ -245,18 +282,28 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
 _SAME_SHAPE = ("target_layer_ids", "block_size", "head_type", "mask_token_id", "num_hidden_layers", "markov_rank")
 
 
+def _weight_files(folder: Path) -> list[Path]:
+    """A drafter folder's `model.safetensors`, or the shards its index names (a run's drafter/ is saved in shards
+    < 45 MB, so that each file stays under hosting limits)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / s for s in json.loads(index.read_text())["weight_map"].values()})
+    return [folder / "model.safetensors"]
+
+
 def init_from(drafter: DSparkDrafter, folder) -> None:
     """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
     same shape: a run that continues another under a new schedule or on more data, or a resume. Refuses a drafter
     with other taps, block, head, mask token or tensor shapes. A bf16 file is cast to `drafter`'s dtype (warned)."""
     from safetensors.torch import load_file
 
-    path, config = Path(folder) / "model.safetensors", Path(folder) / "config.json"
-    if not path.is_file() or not config.is_file():
-        raise ValueError(f"init_from={folder}: no model.safetensors / config.json (give a drafter folder, e.g. "
-                         f"<run>/drafter)")
+    folder, config = Path(folder), Path(folder) / "config.json"
+    files = _weight_files(folder)
+    if not config.is_file() or not all(f.is_file() for f in files):
+        raise ValueError(f"init_from={folder}: no config.json / {', '.join(f.name for f in files)} (give a drafter "
+                         f"folder, e.g. <run>/drafter)")
     differ = _differences(json.loads(config.read_text()), drafter.config, _SAME_SHAPE)
-    weights = load_file(path)
+    weights = {k: v for f in files for k, v in load_file(f).items()}
     if "draft_vocab" in weights:
         drafter.set_draft_vocab(weights["draft_vocab"])
     ours = drafter.state_dict()
@@ -346,12 +393,13 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     weights = LossWeights.dflash() if cfg.head == "none" else LossWeights()
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
     objective = DraftObjective(drafter)
-    # The schedule is planned once, for the whole run: a resume over grown data keeps the first session's total.
-    total = (json.loads((out / "progress.json").read_text()).get("total") if resuming else None) or cfg.max_steps \
-        or max(1, int(cfg.epochs * max(1, len(train_recs) // cfg.batch_size)))
+    # The schedule is planned once, for the whole run (a resume over grown data keeps it; --max-steps re-plans it).
+    first_total, replans = _plan(json.loads((out / "progress.json").read_text()) if resuming else None, cfg.max_steps,
+                                 max(1, int(cfg.epochs * max(1, len(train_recs) // cfg.batch_size))), acc.print)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(first_total, cfg.warmup, replans))
+    total = sched.lr_lambdas[0].total
     # The scheduler is NOT prepared: accelerate would step it once per process, but our steps are global.
     objective, opt = acc.prepare(objective, opt)
     step, epochs = 0, (same["epochs"] if same else None)
@@ -504,7 +552,7 @@ def _log(acc, out: Path, rec: dict, bar) -> None:
 
 
 # ---- checkpoints: safetensors and JSON only (no pickles), so a run's state can live in the repository ---------
-# <out>/drafter/      the drafter (float32 master weights; DSparkDrafter.from_pretrained(path, target=...))
+# <out>/drafter/      the drafter (float32 master weights, shards < 45 MB; DSparkDrafter.from_pretrained(path, target=...))
 # <out>/optimizer/    AdamW moments as safetensors shards < 45 MB, plus optimizer.json (groups, lr schedule)
 # <out>/progress.json step and the data plan's epochs
 def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan) -> None:
@@ -513,7 +561,7 @@ def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan) -> N
     acc.wait_for_everyone()
     if not acc.is_main_process:
         return
-    acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter")
+    acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter", max_shard_size="45MB")
     sd = opt.state_dict()
     tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
     tensors["torch_rng"] = torch.get_rng_state()
@@ -523,8 +571,9 @@ def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan) -> N
     sched_sd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
     (out / "optimizer" / "optimizer.json").write_text(json.dumps({"param_groups": sd["param_groups"],
                                                                   "scheduler": sched_sd}, indent=1))
-    (out / "progress.json").write_text(json.dumps({"step": step, "total": sched.lr_lambdas[0].total,
-                                                   "epochs": plan.epochs}))
+    f = sched.lr_lambdas[0]
+    (out / "progress.json").write_text(json.dumps({"step": step, "total": f.total, "epochs": plan.epochs,
+                                                   **({"replans": f.replans} if f.replans else {})}))
 
 
 def _load(drafter: DSparkDrafter, opt, sched, out: Path) -> tuple[int, list[dict]]:
@@ -536,6 +585,11 @@ def _load(drafter: DSparkDrafter, opt, sched, out: Path) -> tuple[int, list[dict
     for shard in sorted((out / "optimizer").glob("optimizer*.safetensors")):
         tensors.update(load_file(shard))
     meta = json.loads((out / "optimizer" / "optimizer.json").read_text())
+    progress = json.loads((out / "progress.json").read_text())
+    if meta["scheduler"]["last_epoch"] != progress["step"]:  # e.g. a run record committed without its final state
+        raise ValueError(f"{out}: progress.json is at step {progress['step']} but optimizer/ holds step "
+                         f"{meta['scheduler']['last_epoch']}: its state files come from different saves, so it "
+                         "cannot be resumed (start a next stage with --init-from, or use a new --output-dir)")
     state: dict[int, dict] = {}
     for key, v in tensors.items():
         if key != "torch_rng":
@@ -544,5 +598,4 @@ def _load(drafter: DSparkDrafter, opt, sched, out: Path) -> tuple[int, list[dict
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
     sched.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(sched.lr_lambdas)})
     torch.set_rng_state(tensors["torch_rng"])
-    progress = json.loads((out / "progress.json").read_text())
     return progress["step"], progress.get("epochs")

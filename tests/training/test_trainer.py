@@ -189,10 +189,9 @@ def test_resume_continues_from_saved_step(tmp_path):
     recs = target_records(t, 16, resp_len=16)
     kw = {"data": "", "output_dir": str(tmp_path / "run"), "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4,
               "val_size": 0, "eval_every": 0, "save_every": 3, "lr": 3e-3}
-    train(TrainConfig(max_steps=6, **kw), target=t, records=recs)
-    (tmp_path / "run" / "progress.json").write_text(json.dumps({"step": 3}))  # pretend it stopped at step 3
+    train(TrainConfig(max_steps=6, time_limit=1e-9, **kw), target=t, records=recs)  # stops (and saves) at step 1
     resumed = train(TrainConfig(max_steps=6, **kw), target=t, records=recs)
-    assert [h["step"] for h in resumed["history"]] == [4, 5, 6]
+    assert [h["step"] for h in resumed["history"]] == [2, 3, 4, 5, 6]
 
 
 def test_accelerate_two_processes_match_single_process(tmp_path):
@@ -344,6 +343,41 @@ def test_resume_over_a_grown_stream_matches_and_keeps_the_plan(tmp_path):
     # the state is safetensors and JSON only: no pickles, so it can be committed and resumed on a fresh machine
     files = [p for p in out.rglob("*") if p.is_file()]
     assert files and all(p.suffix in (".safetensors", ".json", ".jsonl") for p in files), files
+
+
+def test_a_replan_continues_the_learning_rate_and_ends_at_the_new_total():
+    from hf_dspark.training.trainer import lr_lambda
+
+    plain = lr_lambda(100, 0.04)
+    f = lr_lambda(100, 0.04, [{"at": 60, "from": 100, "total": 80}])
+    assert f.total == 80 and [f(t) for t in range(61)] == [plain(t) for t in range(61)]  # trained steps keep theirs
+    assert f(80) == 0.0 and all(f(t) > f(t + 1) for t in range(60, 80))  # no jump, then down to 0 at the new total
+    longer = lr_lambda(100, 0.04, [{"at": 60, "from": 100, "total": 80}, {"at": 70, "from": 80, "total": 200}])
+    assert longer(70) == f(70) and longer(80) > 0 and longer(200) == 0.0  # a later re-plan may lengthen the run
+
+
+def test_resume_with_another_max_steps_replans_from_the_saved_step(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, lr_lambda, train
+
+    t = tiny_target()
+    recs = target_records(t, 24, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 0, "save_every": 0, "lr": 3e-3}
+    out = tmp_path / "run"
+    first = train(TrainConfig(output_dir=str(out), max_steps=6, time_limit=1e-9, **kw), target=t, records=recs)
+    assert json.loads((out / "progress.json").read_text())["step"] == 1
+    with pytest.raises(ValueError, match="not past the saved step 1"):
+        train(TrainConfig(output_dir=str(out), max_steps=1, **kw), target=t, records=recs)
+    res = train(TrainConfig(output_dir=str(out), max_steps=4, **kw), target=t, records=recs)
+    saved = json.loads((out / "progress.json").read_text())
+    assert saved["step"] == saved["total"] == 4 and saved["replans"] == [{"at": 1, "from": 6, "total": 4}]
+    f = lr_lambda(6, 0.04, saved["replans"])
+    assert [h["lr"] for h in first["history"] + res["history"]] == pytest.approx([3e-3 * f(s) for s in (1, 2, 3, 4)])
+    assert res["history"][-1]["lr"] == 0.0
+    saved["step"] = 3  # a progress file from another save than optimizer/ (step 4): refused, not resumed from
+    (out / "progress.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="progress.json is at step 3 but optimizer/ holds step 4"):
+        train(TrainConfig(output_dir=str(out), max_steps=4, **kw), target=t, records=recs)
 
 
 def test_an_ablation_trains_on_the_reference_runs_batches_and_vocabulary(tmp_path):
