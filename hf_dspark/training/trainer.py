@@ -561,6 +561,8 @@ def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan) -> N
     acc.wait_for_everyone()
     if not acc.is_main_process:
         return
+    for stale in (out / "drafter").glob("model*.safetensors*"):  # an earlier save's file (single or sharded) would
+        stale.unlink()  # shadow the new shards: from_pretrained prefers model.safetensors over an index
     acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter", max_shard_size="45MB")
     sd = opt.state_dict()
     tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}

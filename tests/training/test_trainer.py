@@ -365,12 +365,15 @@ def test_resume_with_another_max_steps_replans_from_the_saved_step(tmp_path):
           "eval_every": 0, "save_every": 0, "lr": 3e-3}
     out = tmp_path / "run"
     first = train(TrainConfig(output_dir=str(out), max_steps=6, time_limit=1e-9, **kw), target=t, records=recs)
+    stale = out / "drafter" / "model-00001-of-00002.safetensors"  # e.g. an earlier save in shards
+    stale.write_bytes(b"")
     assert json.loads((out / "progress.json").read_text())["step"] == 1
     with pytest.raises(ValueError, match="not past the saved step 1"):
         train(TrainConfig(output_dir=str(out), max_steps=1, **kw), target=t, records=recs)
     res = train(TrainConfig(output_dir=str(out), max_steps=4, **kw), target=t, records=recs)
     saved = json.loads((out / "progress.json").read_text())
     assert saved["step"] == saved["total"] == 4 and saved["replans"] == [{"at": 1, "from": 6, "total": 4}]
+    assert not stale.exists()  # a save leaves only its own weight files
     f = lr_lambda(6, 0.04, saved["replans"])
     assert [h["lr"] for h in first["history"] + res["history"]] == pytest.approx([3e-3 * f(s) for s in (1, 2, 3, 4)])
     assert res["history"][-1]["lr"] == 0.0
