@@ -139,7 +139,9 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
     head holds less than `top_p` of the mass take the full sort.
     """
     probs = (logits.float() / temperature).softmax(-1)
-    k = probs.shape[-1] if top_p >= 1.0 else min(head, probs.shape[-1])
+    if top_p >= 1.0:  # no nucleus: the warper keeps every token, so no sort is needed
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    k = min(head, probs.shape[-1])
     top, idx = probs.topk(k, dim=-1)  # descending
     short = top.sum(-1) < top_p
     if short.any():

@@ -40,16 +40,18 @@ def _warped_probs(logits, temperature, top_p):
     return procs(None, logits[None].clone())[0].softmax(-1)
 
 
-@pytest.mark.parametrize("head", [256, 3])  # 3: the nucleus does not fit the head, the full-sort path runs
-def test_sample_follows_transformers_top_p(head):
+# head 3: the nucleus does not fit the head, the full-sort path runs; top-p 1: no nucleus, a plain draw
+@pytest.mark.parametrize("head,temperature,top_p,wrong_top_p", [(256, 0.7, 0.9, 0.8), (3, 0.7, 0.9, 0.8),
+                                                                (256, 1.0, 1.0, 0.95)])
+def test_sample_follows_transformers_top_p(head, temperature, top_p, wrong_top_p):
     torch.manual_seed(0)
     logits = torch.randn(40) * 2
-    p = _warped_probs(logits, 0.7, 0.9)
+    p = _warped_probs(logits, temperature, top_p)
     n = 20000
     gen = torch.Generator().manual_seed(1)
-    draws = sample(logits.expand(n, -1), 0.7, 0.9, gen, head=head)
+    draws = sample(logits.expand(n, -1), temperature, top_p, gen, head=head)
     assert set(draws.tolist()) <= set(torch.nonzero(p).flatten().tolist())  # never outside the nucleus
     assert _g_test(torch.bincount(draws, minlength=40).numpy(), p.numpy()) > 1e-3
-    # negative control: the same test rejects draws from a nucleus cut at 0.8 instead of 0.9
-    wrong = sample(logits.expand(n, -1), 0.7, 0.8, gen, head=head)
+    # negative control: the same test rejects draws from a narrower nucleus
+    wrong = sample(logits.expand(n, -1), temperature, wrong_top_p, gen, head=head)
     assert _g_test(torch.bincount(wrong, minlength=40).numpy(), p.numpy()) < 1e-6
