@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from .decoding.candidate import DSparkCandidateGenerator
 from .decoding.options import DecodingOptions
-from .decoding.processors import DSparkLogitsProcessor
+from .decoding.processors import DSparkLogitsProcessor, mark_stateless
 from .decoding.routing import enable
 from .decoding.stats import DSparkStats
 from .io.loading import load_default_drafter, load_default_target
@@ -31,4 +31,5 @@ __all__ = [
     "enable",
     "load_default_drafter",
     "load_default_target",
+    "mark_stateless",
 ]

@@ -11,12 +11,11 @@ import time
 from collections.abc import Sequence
 
 import torch
-from transformers import LogitsProcessorList
 from transformers.generation import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .ngram import NgramIndex
-from .processors import DSparkLogitsProcessor
+from .processors import DSparkLogitsProcessor, guard
 from .stats import DSparkStats, Round
 from .verify_policy import VerifyPolicy
 
@@ -39,8 +38,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
-        # Drafts go through the same processors as the target (minus our observer), so q is what they are drawn from.
-        self.draft_processor = LogitsProcessorList(list(logits_processor)) if len(logits_processor) else None
+        # Drafts go through the target's pure processors, so q is what they are drawn from; stateful ones stay out
+        # of drafting and are rolled back to the committed prefix after each verification (processors.py).
+        self.draft_processor, self.rollbacks = guard(logits_processor)
         self.observer = DSparkLogitsProcessor()
         logits_processor.append(self.observer)
         self.block_size = cfg.block_size
@@ -153,6 +153,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         """input_ids [1, new_len] after verification; scores [1, ℓ+1, V] processed target logits."""
+        for rollback in self.rollbacks:
+            rollback.restore(input_ids.shape[1])
         p, self.pending = self.pending, None
         if p is None:  # the prefill step
             return

@@ -1,7 +1,8 @@
 """Property-based losslessness: random targets × drafters × generate options (hypothesis, fixed seed in CI).
 
-Greedy cases must equal plain `generate` token for token (drafts made partly right by the oracle so every
-acceptance length occurs). Sampled cases get fast checks: top-k=1 sampling must equal greedy decoding, and
+Options include stateful logits processors (guidance, SynthID, a call counter). Greedy cases must equal plain
+`generate` token for token (drafts made partly right by the oracle so every
+acceptance length occurs). Sampled cases get fast checks: top-k=1 sampling must equal plain top-k=1 sampling, and
 every sampled token must have non-zero probability under the target's processed distribution.
 Budget: HF_DSPARK_FUZZ_EXAMPLES (CI default 20); docs/reliability.md records the big runs.
 """
@@ -43,12 +44,30 @@ def cases(draw):
         gen["min_new_tokens"] = draw(st.integers(0, gen["max_new_tokens"]))
     if draw(st.booleans()):
         gen["no_repeat_ngram_size"] = draw(st.integers(2, 3))
+    stateful = draw(st.sampled_from([None, None, "guidance_scale", "synthid", "counter"]))
     policy = draw(st.sampled_from(["all", 0, 1, 2, ("threshold", 0.5)]))
     prune = draw(st.booleans())
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=12))
     return dict(family=family, layers=layers, vocab=vocab, heads=heads, kv=kv, drafter=drafter, eos=eos,
                 gen=gen, policy=policy, prune=prune, prompt=prompt, p_right=draw(st.sampled_from([0.3, 0.7, 0.95])),
-                seed=draw(st.integers(0, 3)), ngram=draw(st.booleans()))
+                seed=draw(st.integers(0, 3)), ngram=draw(st.booleans()), stateful=stateful)
+
+
+def stateful(c) -> dict:
+    """Fresh generate kwargs for the case's stateful processor (a new object per call: it keeps state)."""
+    from transformers import LogitsProcessorList
+    from transformers.generation import SynthIDTextWatermarkingConfig
+
+    from tests.decoding.test_processors import CallCounter
+
+    kind = c["stateful"]
+    if kind == "guidance_scale":
+        return dict(guidance_scale=1.5)
+    if kind == "synthid":
+        return dict(watermarking_config=SynthIDTextWatermarkingConfig(keys=[1, 2, 3], ngram_len=2))
+    if kind == "counter":
+        return dict(logits_processor=LogitsProcessorList([CallCounter(c["vocab"], bias=3.0)]))
+    return {}
 
 
 def build(c):
@@ -70,9 +89,9 @@ def build(c):
 @given(cases())
 def test_fuzz_greedy_identity(c):
     model, drafter, ids = build(c)
-    plain = model.generate(ids, do_sample=False, **c["gen"])
+    plain = model.generate(ids, do_sample=False, **c["gen"], **stateful(c))
     with oracle_drafts(plain, p_right=c["p_right"], seed=c["seed"]):
-        spec = model.generate(ids, do_sample=False, assistant_model=drafter, **c["gen"])
+        spec = model.generate(ids, do_sample=False, assistant_model=drafter, **c["gen"], **stateful(c))
     assert spec.tolist() == plain.tolist(), c
 
 
@@ -82,15 +101,17 @@ def test_fuzz_greedy_identity(c):
 def test_fuzz_sampling(c, temperature, top_k, top_p):
     model, drafter, ids = build(c)
     gen = dict(c["gen"], do_sample=True, temperature=temperature)
-    # top-k = 1 sampling is deterministic: it must reproduce greedy decoding exactly
-    greedy = model.generate(ids, do_sample=False, **c["gen"])
+    # top-k = 1 sampling is deterministic: it must reproduce plain top-k = 1 sampling exactly (that is greedy
+    # decoding, except under SynthID, which rewrites the scores after top-k and differs from its greedy mode)
     torch.manual_seed(c["seed"])
-    one = model.generate(ids, assistant_model=drafter, **dict(gen, top_k=1))
-    assert one.tolist() == greedy.tolist(), c
+    plain_one = model.generate(ids, **dict(gen, top_k=1), **stateful(c))
+    torch.manual_seed(c["seed"])
+    one = model.generate(ids, assistant_model=drafter, **dict(gen, top_k=1), **stateful(c))
+    assert one.tolist() == plain_one.tolist(), c
     # sampled tokens must lie in the support of the target's processed distribution
     torch.manual_seed(c["seed"] + 1)
     out = model.generate(ids, assistant_model=drafter, output_scores=True, return_dict_in_generate=True,
-                         **dict(gen, top_k=top_k, top_p=top_p))
+                         **dict(gen, top_k=top_k, top_p=top_p), **stateful(c))
     new = out.sequences[0, ids.shape[1]:]
     for tok, scores in zip(new.tolist(), out.scores):
         assert torch.isfinite(scores[0, tok]), (c, tok)
