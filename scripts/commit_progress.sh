@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Commit what the long jobs made this session: sealed answer shards (and the open one) and the training run's
-# state (safetensors + JSON). Stop both jobs first (pkill -f "hf_dspark.cli data"; the trainer saves at its
-# --time-limit). A run's state is ~170 MB: commit it once per session, at the end (a submission's diffs are capped).
+# Stage what the long jobs made: sealed answer shards (and the open one) and each training run's newest complete
+# checkpoint (safetensors + JSON, ~170 MB for the SmolLM2 drafter: stage it only when it is worth a fresh machine's
+# time) with its metrics. Stop the jobs first: `kill <pid>` (the trainer finishes its step and saves).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 git add data/answers
 for run in runs/*/; do
-  [ -f "$run/progress.json" ] && git add "$run"drafter "$run"optimizer "$run"progress.json "$run"train_config.json \
-    "$run"metrics.jsonl
+  latest=$(ls -d "$run"checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1)
+  [ -n "$latest" ] || continue
+  git add -A "$run"  # the new checkpoint, the removal of the one it replaced, metrics and config
 done
 git status --short | head -20

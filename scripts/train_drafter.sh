@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Resume (or start) the long SmolLM2 drafter run in the background: 1 thread, log in $RUN.log, state in $RUN
-# (safetensors + JSON only, committed by scripts/commit_progress.sh). Usage: bash scripts/train_drafter.sh MINUTES
+# Resume (or start) the long SmolLM2 drafter run in the background: 1 thread, log in $RUN.log, state in
+# $RUN/checkpoint-<step>/ (safetensors + JSON only, written atomically; staged by scripts/commit_progress.sh).
+# Usage: bash scripts/train_drafter.sh MINUTES
 # The schedule is planned once for the whole run (--max-steps over several sessions); rerunning resumes it.
 # The DFlash ablation on the same batches: HEAD_TYPE=none RUN=runs/smollm2-dflash SAME_DATA_AS=runs/smollm2-markov.
-# A next stage from a finished run's drafter, on all answers under its own plan (lr 3e-4 undid the first run's
-# cosine tail within 100 steps, docs/training.md; started 2026-12-03 on 22,322 answers, rerun the same to resume):
-#   RUN=runs/smollm2-markov-2 INIT_FROM=runs/smollm2-markov/drafter STEPS=2000 LR=1e-4 bash scripts/train_drafter.sh M
-# (drafter/ is the committed bf16 copy; runs/smollm2-markov/drafter-fp32, the float32 master, where this machine has it)
+# A next stage from a finished drafter, on all answers under its own plan (lr 3e-4 undid an earlier run's cosine
+# tail within 100 steps, docs/training.md):
+#   RUN=runs/smollm2-markov-3 INIT_FROM=hf_dspark/assets/smollm2-135m-dspark STEPS=... LR=1e-4 bash scripts/train_drafter.sh M
 # `kill <pid>` stops it cleanly (the step in flight finishes and is saved). The target's tapped features are cached
 # per answer outside the repo ($FEATURES, bf16, ~4.6 KB a token): from the second epoch on a step skips the target.
 set -euo pipefail

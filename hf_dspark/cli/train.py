@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..io.loading import resolve_dtype
 from ..model.heads import HEADS
+from ..training import checkpoint
 from ..training.trainer import TrainConfig, train
 from . import common
 
@@ -62,5 +63,5 @@ def main(args) -> int:
             == torch.bfloat16 else "fp32"
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__})
     res = train(cfg)
-    print(f"final validation: {res['final_val']}; drafter saved to {Path(cfg.output_dir) / 'drafter'}")
+    print(f"final validation: {res['final_val']}; drafter saved to {checkpoint.latest(Path(cfg.output_dir)) / 'drafter'}")
     return 0

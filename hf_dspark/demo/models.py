@@ -22,6 +22,7 @@ from ..cache import cache_dir
 from ..decoding.routing import enable
 from ..io import loading
 from ..model.drafter import DSparkDrafter
+from ..training import checkpoint
 from ..training.trainer import TrainConfig, train
 
 HEADS = ("Markov", "none")
@@ -139,7 +140,7 @@ def _train_drafter(target, records, head: str, steps: int, out: str) -> None:
     train(cfg, target=target, records=records)
 
 
-TINY_VERSION = "v2"  # bump when the tiny recipe changes: cached builds of another recipe are ignored
+TINY_VERSION = "v3"  # bump when the tiny recipe changes: cached builds of another recipe are ignored
 
 
 def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
@@ -163,7 +164,8 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
         tmp.rename(folder)  # atomic: a half-built folder is never taken for a finished one
     target = enable(LlamaForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval())
     if steps > 0:
-        drafters = {h: DSparkDrafter.from_pretrained(folder / h.lower() / "drafter", target=target) for h in HEADS}
+        drafters = {h: DSparkDrafter.from_pretrained(checkpoint.latest(folder / h.lower()) / "drafter", target=target)
+                    for h in HEADS}
         kind = f"drafters trained {steps} steps on its answers"
     else:
         drafters = {h: DSparkDrafter.from_target(target, head_type=h.lower(), mask_token_id=2) for h in HEADS}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import signal
 import threading
@@ -27,6 +28,7 @@ from transformers.utils import logging
 from ..decoding.routing import enable
 from ..io.loading import load_default_target
 from ..model.drafter import DSparkDrafter
+from . import checkpoint
 from .anchors import sample_blocks
 from .data import eos_ids, prompt_of, read_answers
 from .features import FeatureSource, base_model
@@ -164,7 +166,7 @@ def _plan(saved: dict | None, cfg_steps: int | None, default: int, log) -> tuple
     """(first planned total, re-plans) for a run: a new run plans `cfg_steps` or `default`; a resume keeps the
     saved plan (so a stream that grew since does not re-plan an epoch-based run), or re-plans from the saved step
     when --max-steps names another total."""
-    if saved is None or "total" not in saved:  # (a progress file from before totals were saved: plan anew)
+    if saved is None:
         return cfg_steps or default, []
     replans = list(saved.get("replans", []))
     first = replans[0]["from"] if replans else saved["total"]
@@ -244,18 +246,19 @@ def same_data(cfg: TrainConfig) -> dict:
     from safetensors import safe_open
 
     ref = Path(cfg.same_data_as)
-    if not (ref / "progress.json").is_file() or not (ref / "train_config.json").is_file():
-        raise ValueError(f"same_data_as={ref}: not a training run's folder (no progress.json / train_config.json)")
-    theirs = json.loads((ref / "train_config.json").read_text())
+    state = checkpoint.latest(ref)
+    if state is None:
+        raise ValueError(f"same_data_as={ref}: not a training run's folder (no {checkpoint.PREFIX}<step>/)")
+    progress = checkpoint.verify(state)
+    theirs = checkpoint.config_of(state)
     differ = _differences(theirs, cfg, _DATA_KEYS)
     if differ:
         raise ValueError(f"same_data_as={ref} was trained with other data settings (theirs vs ours): {differ}")
     vocab = None
     if cfg.draft_vocab:
-        for path in _weight_files(ref / "drafter"):
+        for path in checkpoint.weight_files(state / "drafter"):
             with safe_open(str(path), "pt") as f:
                 vocab = f.get_tensor("draft_vocab") if "draft_vocab" in f.keys() else vocab
-    progress = json.loads((ref / "progress.json").read_text())
     if progress["step"] < progress.get("total", progress["step"]):
         logger.warning("same_data_as=%s is at step %d of %d: epochs it has not opened yet may differ from this "
                        "run's", ref, progress["step"], progress["total"])
@@ -282,15 +285,6 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
 _SAME_SHAPE = ("target_layer_ids", "block_size", "head_type", "mask_token_id", "num_hidden_layers", "markov_rank")
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    """A drafter folder's `model.safetensors`, or the shards its index names (a run's drafter/ is saved in shards
-    < 45 MB, so that each file stays under hosting limits)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return sorted({folder / s for s in json.loads(index.read_text())["weight_map"].values()})
-    return [folder / "model.safetensors"]
-
-
 def init_from(drafter: DSparkDrafter, folder) -> None:
     """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
     same shape: a run that continues another under a new schedule or on more data, or a resume. Refuses a drafter
@@ -298,10 +292,10 @@ def init_from(drafter: DSparkDrafter, folder) -> None:
     from safetensors.torch import load_file
 
     folder, config = Path(folder), Path(folder) / "config.json"
-    files = _weight_files(folder)
+    files = checkpoint.weight_files(folder)
     if not config.is_file() or not all(f.is_file() for f in files):
         raise ValueError(f"init_from={folder}: no config.json / {', '.join(f.name for f in files)} (give a drafter "
-                         f"folder, e.g. <run>/drafter)")
+                         f"folder, e.g. <run>/{checkpoint.PREFIX}<step>/drafter)")
     differ = _differences(json.loads(config.read_text()), drafter.config, _SAME_SHAPE)
     weights = {k: v for f in files for k, v in load_file(f).items()}
     if "draft_vocab" in weights:
@@ -372,11 +366,14 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
         raise ValueError(f"no training sequences in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
     out = Path(cfg.output_dir)
-    resuming = (out / "progress.json").exists() and (out / "optimizer" / "optimizer.json").exists()
-    if (out / "progress.json").exists() and not resuming:  # a committed record of a run, without its state
-        raise ValueError(f"{out} holds a run's progress.json but not its optimizer state: it cannot be resumed, and "
-                         f"starting afresh would overwrite its record; train into another --output-dir (to continue "
-                         f"from its drafter: init_from={out / 'drafter'})")
+    state = checkpoint.latest(out)
+    saved = checkpoint.verify(state) if state is not None else None
+    resuming = saved is not None
+    logged = _logged_steps(out)
+    if not resuming and any(s > 0 for s in logged):  # a committed record of a run, without its state
+        raise ValueError(f"{out} holds a run's metrics up to step {max(logged)} but no {checkpoint.PREFIX}<step>/ "
+                         "state: it cannot be resumed, and starting afresh would overwrite its record; train into "
+                         "another --output-dir (to continue from a drafter: --init-from)")
     same = same_data(cfg) if cfg.same_data_as and not resuming else None  # a resume has its own plan and vocab
     if cfg.init_from is not None and bool(cfg.draft_vocab) != (drafter.draft_vocab is not None):
         raise ValueError(f"init_from={cfg.init_from} {'has' if drafter.draft_vocab is not None else 'has no'} draft "
@@ -394,7 +391,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
     objective = DraftObjective(drafter)
     # The schedule is planned once, for the whole run (a resume over grown data keeps it; --max-steps re-plans it).
-    first_total, replans = _plan(json.loads((out / "progress.json").read_text()) if resuming else None, cfg.max_steps,
+    first_total, replans = _plan(saved, cfg.max_steps,
                                  max(1, int(cfg.epochs * max(1, len(train_recs) // cfg.batch_size))), acc.print)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
@@ -404,14 +401,17 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     objective, opt = acc.prepare(objective, opt)
     step, epochs = 0, (same["epochs"] if same else None)
     if resuming:
-        _check_same_run(out / "train_config.json", cfg)
-        step, epochs = _load(acc.unwrap_model(objective).drafter, opt, sched, out)
-        acc.print(f"resumed from {out} at step {step}/{total}")
+        _check_same_run(state, cfg)
+        init_from(acc.unwrap_model(objective).drafter, state / "drafter")
+        checkpoint.load(state, opt, sched)
+        step, epochs = saved["step"], saved.get("epochs")
+        acc.print(f"resumed from {state} at step {step}/{total}")
     plan = DataPlan(train_recs, cfg.batch_size, cfg.seed, epochs)
     history: list[dict] = []
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "train_config.json").write_text(json.dumps(cfg.__dict__, indent=2))
+        (out / "train_config.json").write_text(json.dumps(cfg.__dict__, indent=2))  # the run's record, for people
+        _keep_metrics(out, step)  # steps logged after the checkpoint by a killed run are redone, not doubled
     bar = tqdm(total=total, initial=step, desc="train", disable=not acc.is_main_process)
     t0 = time.perf_counter()
     if step == 0 and cfg.eval_every:
@@ -424,7 +424,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
             if step > 0 and _must_stop(acc, t0, step - start, cfg.time_limit, stop.received):
                 why = "a stop signal" if stop.received else f"the time limit of {cfg.time_limit} min"
                 acc.print(f"{why} reached at step {step}/{total}; saving")
-                _save(acc, objective, opt, sched, out, step, plan)
+                _save(acc, objective, opt, sched, out, step, plan, cfg)
                 break
             epoch, batch = plan.batch(step)
             mine = batch[acc.process_index :: acc.num_processes]  # this process's share of the global batch
@@ -457,7 +457,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
             if step % cfg.log_every == 0 or "tau_t1" in rec:
                 _log(acc, out, rec, bar)
             if step == total or (cfg.save_every and step % cfg.save_every == 0):
-                _save(acc, objective, opt, sched, out, step, plan)
+                _save(acc, objective, opt, sched, out, step, plan, cfg)
     bar.close()
     target.to(target_dtype)
     final = next((h for h in reversed(history) if "tau_t1" in h), {})
@@ -496,13 +496,41 @@ def validation_tau(drafter: DSparkDrafter, records: list[dict], cfg: TrainConfig
                     pad_id)
 
 
-def _check_same_run(saved: Path, cfg: TrainConfig) -> None:
+def _check_same_run(state: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run under another schedule (lr plan, data order, model shape)."""
-    old = json.loads(saved.read_text()) if saved.exists() else {}
-    diff = _differences(old, cfg, _SCHEDULE_KEYS, skip_missing=True)
+    diff = _differences(checkpoint.config_of(state), cfg, _SCHEDULE_KEYS)
     if diff:
-        raise ValueError(f"{saved.parent} holds another run (saved vs now: {diff}); resume with the same settings "
+        raise ValueError(f"{state.parent} holds another run (saved vs now: {diff}); resume with the same settings "
                          "or use a new --output-dir")
+
+
+def _logged_steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            pass  # a line cut by a kill
+    return steps
+
+
+def _keep_metrics(out: Path, step: int) -> None:
+    """Rewrite metrics.jsonl with the records up to `step` only (0 for a fresh run)."""
+    path = out / "metrics.jsonl"
+    if path.is_file():
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                pass
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
 
 
 def _must_stop(acc, t0: float, steps_done: int, limit_min: float | None, signalled: bool) -> bool:
@@ -551,53 +579,10 @@ def _log(acc, out: Path, rec: dict, bar) -> None:
         bar.write(f"step {rec['step']}: simulated τ (T=1) {rec['tau_t1']:.3f}, τ (greedy) {rec['tau_greedy']:.3f}")
 
 
-# ---- checkpoints: safetensors and JSON only (no pickles), so a run's state can live in the repository ---------
-# <out>/drafter/      the drafter (float32 master weights, shards < 45 MB; DSparkDrafter.from_pretrained(path, target=...))
-# <out>/optimizer/    AdamW moments as safetensors shards < 45 MB, plus optimizer.json (groups, lr schedule)
-# <out>/progress.json step and the data plan's epochs
-def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan) -> None:
-    from huggingface_hub import save_torch_state_dict
-
+def _save(acc, objective, opt, sched, out: Path, step: int, plan: DataPlan, cfg: TrainConfig) -> None:
     acc.wait_for_everyone()
     if not acc.is_main_process:
         return
-    for stale in (out / "drafter").glob("model*.safetensors*"):  # an earlier save's file (single or sharded) would
-        stale.unlink()  # shadow the new shards: from_pretrained prefers model.safetensors over an index
-    acc.unwrap_model(objective).drafter.save_pretrained(out / "drafter", max_shard_size="45MB")
-    sd = opt.state_dict()
-    tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
-    tensors["torch_rng"] = torch.get_rng_state()
-    (out / "optimizer").mkdir(parents=True, exist_ok=True)
-    save_torch_state_dict(tensors, out / "optimizer", filename_pattern="optimizer{suffix}.safetensors",
-                          max_shard_size="45MB")
-    sched_sd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
-    (out / "optimizer" / "optimizer.json").write_text(json.dumps({"param_groups": sd["param_groups"],
-                                                                  "scheduler": sched_sd}, indent=1))
     f = sched.lr_lambdas[0]
-    (out / "progress.json").write_text(json.dumps({"step": step, "total": f.total, "epochs": plan.epochs,
-                                                   **({"replans": f.replans} if f.replans else {})}))
-
-
-def _load(drafter: DSparkDrafter, opt, sched, out: Path) -> tuple[int, list[dict]]:
-    """Restore weights, optimizer, lr schedule and RNG saved by `_save` → (step, the data plan's epochs)."""
-    from safetensors.torch import load_file
-
-    init_from(drafter, out / "drafter")
-    tensors = {}
-    for shard in sorted((out / "optimizer").glob("optimizer*.safetensors")):
-        tensors.update(load_file(shard))
-    meta = json.loads((out / "optimizer" / "optimizer.json").read_text())
-    progress = json.loads((out / "progress.json").read_text())
-    if meta["scheduler"]["last_epoch"] != progress["step"]:  # e.g. a run record committed without its final state
-        raise ValueError(f"{out}: progress.json is at step {progress['step']} but optimizer/ holds step "
-                         f"{meta['scheduler']['last_epoch']}: its state files come from different saves, so it "
-                         "cannot be resumed (start a next stage with --init-from, or use a new --output-dir)")
-    state: dict[int, dict] = {}
-    for key, v in tensors.items():
-        if key != "torch_rng":
-            i, name = key.split(".", 1)
-            state.setdefault(int(i), {})[name] = v
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    sched.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(sched.lr_lambdas)})
-    torch.set_rng_state(tensors["torch_rng"])
-    return progress["step"], progress.get("epochs")
+    progress = {"total": f.total, "epochs": plan.epochs, **({"replans": f.replans} if f.replans else {})}
+    checkpoint.save(out, step, acc.unwrap_model(objective).drafter, opt, sched, progress, cfg.__dict__)

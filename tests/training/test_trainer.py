@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,6 +164,17 @@ def test_feature_source_computes_each_sequence_unpadded_and_caches_it(tmp_path, 
 
 
 # ---- end to end ------------------------------------------------------------------------------------------
+def state(run) -> Path:
+    """The run's newest checkpoint folder (checkpoint.py)."""
+    from hf_dspark.training import checkpoint
+
+    return checkpoint.latest(run)
+
+
+def progress(run) -> dict:
+    return json.loads((state(run) / "progress.json").read_text())
+
+
 def test_tiny_training_raises_simulated_tau(tmp_path):
     from hf_dspark.training.trainer import TrainConfig, train
 
@@ -176,8 +188,8 @@ def test_tiny_training_raises_simulated_tau(tmp_path):
     # checkpoint: a safetensors drafter that loads strictly and binds to the target
     from hf_dspark import DSparkDrafter
 
-    d = DSparkDrafter.from_pretrained(tmp_path / "run" / "drafter", target=t)
-    assert (tmp_path / "run" / "drafter" / "model.safetensors").exists()
+    d = DSparkDrafter.from_pretrained(state(tmp_path / "run") / "drafter", target=t)
+    assert (tmp_path / "run" / "checkpoint-150" / "drafter" / "model.safetensors").exists()
     out = t.generate(torch.tensor([recs[0]["ids"][:6]]), assistant_model=d, max_new_tokens=12, do_sample=False)
     assert out.shape[1] == 18
 
@@ -241,7 +253,7 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
           "eval_every": 2, "save_every": 3, "lr": 3e-3, "max_steps": 6}
     whole = train(TrainConfig(output_dir=str(tmp_path / "whole"), **kw), target=t, records=recs)["drafter"]
     train(TrainConfig(output_dir=str(tmp_path / "cut"), time_limit=1e-9, **kw), target=t, records=recs)  # stops at 1
-    assert json.loads((tmp_path / "cut" / "progress.json").read_text())["step"] == 1
+    assert progress(tmp_path / "cut")["step"] == 1
     resumed = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)["drafter"]
     a, b = whole.state_dict(), resumed.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -277,7 +289,7 @@ def test_stop_signal_saves_the_step_and_resume_matches(tmp_path, monkeypatch):
     before = signal.getsignal(signal.SIGTERM)
     res = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)
     assert [h["step"] for h in res["history"]] == [1, 2, 3] and len(calls) == 3
-    assert json.loads((tmp_path / "cut" / "progress.json").read_text())["step"] == 3
+    assert progress(tmp_path / "cut")["step"] == 3
     assert signal.getsignal(signal.SIGTERM) is before
     monkeypatch.setattr(trainer, "sample_blocks", blocks)
     resumed = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)["drafter"]
@@ -336,7 +348,7 @@ def test_resume_over_a_grown_stream_matches_and_keeps_the_plan(tmp_path):
           "eval_every": 0, "save_every": 0, "lr": 3e-3, "epochs": 1.0}
     out = tmp_path / "run"
     train(TrainConfig(output_dir=str(out), time_limit=1e-9, **kw), target=t, records=recs[:12])  # session 1: 12 records
-    saved = json.loads((out / "progress.json").read_text())
+    saved = progress(out)
     assert saved["step"] == 1 and saved["total"] == 2  # planned on what session 1 had: 8 training records / 4
     res = train(TrainConfig(output_dir=str(out), **kw), target=t, records=recs)  # session 2: the stream grew
     assert [h["step"] for h in res["history"]] == [2]  # the plan (2 steps) is kept, not re-planned to 5
@@ -365,21 +377,19 @@ def test_resume_with_another_max_steps_replans_from_the_saved_step(tmp_path):
           "eval_every": 0, "save_every": 0, "lr": 3e-3}
     out = tmp_path / "run"
     first = train(TrainConfig(output_dir=str(out), max_steps=6, time_limit=1e-9, **kw), target=t, records=recs)
-    stale = out / "drafter" / "model-00001-of-00002.safetensors"  # e.g. an earlier save in shards
-    stale.write_bytes(b"")
-    assert json.loads((out / "progress.json").read_text())["step"] == 1
+    assert progress(out)["step"] == 1
     with pytest.raises(ValueError, match="not past the saved step 1"):
         train(TrainConfig(output_dir=str(out), max_steps=1, **kw), target=t, records=recs)
     res = train(TrainConfig(output_dir=str(out), max_steps=4, **kw), target=t, records=recs)
-    saved = json.loads((out / "progress.json").read_text())
+    saved = progress(out)
     assert saved["step"] == saved["total"] == 4 and saved["replans"] == [{"at": 1, "from": 6, "total": 4}]
-    assert not stale.exists()  # a save leaves only its own weight files
+    assert [p.name for p in out.iterdir() if p.is_dir()] == ["checkpoint-4"]  # a save leaves only its own state
     f = lr_lambda(6, 0.04, saved["replans"])
     assert [h["lr"] for h in first["history"] + res["history"]] == pytest.approx([3e-3 * f(s) for s in (1, 2, 3, 4)])
     assert res["history"][-1]["lr"] == 0.0
     saved["step"] = 3  # a progress file from another save than optimizer/ (step 4): refused, not resumed from
-    (out / "progress.json").write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match="progress.json is at step 3 but optimizer/ holds step 4"):
+    (state(out) / "progress.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="progress.json is damaged"):
         train(TrainConfig(output_dir=str(out), max_steps=4, **kw), target=t, records=recs)
 
 
@@ -398,14 +408,14 @@ def test_an_ablation_trains_on_the_reference_runs_batches_and_vocabulary(tmp_pat
     ref, abl = tmp_path / "markov", tmp_path / "dflash"
     train(TrainConfig(output_dir=str(ref), **kw), target=t, records=recs[:12])  # 8 training records then
     train(TrainConfig(output_dir=str(abl), head="none", same_data_as=str(ref), **kw), target=t, records=recs)
-    theirs, ours = (json.loads((d / "progress.json").read_text()) for d in (ref, abl))
+    theirs, ours = (progress(d) for d in (ref, abl))
     assert ours["epochs"] == theirs["epochs"] and theirs["epochs"][0]["size"] == 8  # not the 20 records of now
-    vocab = [load_file(d / "drafter" / "model.safetensors")["draft_vocab"] for d in (ref, abl)]
+    vocab = [load_file(state(d) / "drafter" / "model.safetensors")["draft_vocab"] for d in (ref, abl)]
     assert torch.equal(*vocab)
     alone = tmp_path / "alone"
     train(TrainConfig(output_dir=str(alone), head="none", **kw), target=t, records=recs)  # the control
-    assert json.loads((alone / "progress.json").read_text())["epochs"][0]["size"] == 20
-    control = load_file(alone / "drafter" / "model.safetensors")["draft_vocab"]
+    assert progress(alone)["epochs"][0]["size"] == 20
+    control = load_file(state(alone) / "drafter" / "model.safetensors")["draft_vocab"]
     assert not torch.equal(control, vocab[0])  # the grown stream's vocabulary is another one
     with pytest.raises(ValueError, match="other data settings.*seed"):
         train(TrainConfig(output_dir=str(tmp_path / "x"), head="none", same_data_as=str(ref), **{**kw, "seed": 1}),
@@ -428,8 +438,8 @@ def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
     kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
           "eval_every": 3, "save_every": 0, "lr": 3e-3, "max_steps": 3, "draft_vocab": 12}
     first = train(TrainConfig(output_dir=str(tmp_path / "stage1"), **kw), target=t, records=recs[:12])
-    done = DSparkDrafter.from_pretrained(tmp_path / "stage1" / "drafter", target=t)
-    cfg = TrainConfig(output_dir=str(tmp_path / "stage2"), init_from=str(tmp_path / "stage1" / "drafter"), **kw)
+    done = DSparkDrafter.from_pretrained(state(tmp_path / "stage1") / "drafter", target=t)
+    cfg = TrainConfig(output_dir=str(tmp_path / "stage2"), init_from=str(state(tmp_path / "stage1") / "drafter"), **kw)
     start = build_drafter(t, cfg)
     a, b = done.state_dict(), start.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # incl. the draft vocabulary
@@ -447,9 +457,9 @@ def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
               records=recs)
 
 
-def test_a_run_record_without_its_optimizer_is_not_overwritten(tmp_path):
-    """A finished run committed without its optimizer state (progress.json, metrics, drafter) must not be restarted
-    from scratch in place by rerunning its command: refused, pointing at init_from."""
+def test_a_run_record_without_its_state_is_not_overwritten(tmp_path):
+    """A finished run committed without its state (metrics and config only) must not be restarted from scratch in
+    place by rerunning its command: refused, pointing at --init-from."""
     from hf_dspark.training.trainer import TrainConfig, train
 
     t = tiny_target()
@@ -457,11 +467,11 @@ def test_a_run_record_without_its_optimizer_is_not_overwritten(tmp_path):
     cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=8, batch_size=4,
                       num_anchors=4, val_size=4, eval_every=0, save_every=0, max_steps=2)
     train(cfg, target=t, records=recs)
-    shutil.rmtree(tmp_path / "run" / "optimizer")
-    before = (tmp_path / "run" / "progress.json").read_text()
-    with pytest.raises(ValueError, match="cannot be resumed.*init_from"):
+    shutil.rmtree(state(tmp_path / "run"))
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match="cannot be resumed.*--init-from"):
         train(cfg, target=t, records=recs)
-    assert (tmp_path / "run" / "progress.json").read_text() == before
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
 def test_draft_vocabulary_terms_equal_drafting_from_it():
@@ -494,8 +504,74 @@ def test_training_on_a_draft_vocabulary_raises_tau_and_drafts_losslessly(tmp_pat
                       draft_vocab=40)
     res = train(cfg, target=t, records=recs)
     assert res["final_val"]["tau_greedy"] > res["history"][0]["tau_greedy"] + 1.0
-    d = DSparkDrafter.from_pretrained(tmp_path / "run" / "drafter", target=t)
+    d = DSparkDrafter.from_pretrained(state(tmp_path / "run") / "drafter", target=t)
     assert d.draft_vocab is not None and 40 <= d.draft_vocab.numel() <= 41  # + EOS
     prompt = torch.tensor([recs[0]["ids"][:6]])
     plain = t.generate(prompt, max_new_tokens=24, do_sample=False)
     assert torch.equal(t.generate(prompt, assistant_model=d, max_new_tokens=24, do_sample=False), plain)
+
+
+class Killed(BaseException):
+    """What SIGKILL leaves: the process stops between two instructions, no handler runs."""
+
+
+SAVE_PHASES = ["_write_drafter", "_write_optimizer", "_write_json", "_write_manifest", "_publish", "_prune"]
+
+
+@pytest.mark.parametrize("phase", SAVE_PHASES)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_kill_at_any_phase_of_a_save_loses_nothing(tmp_path, monkeypatch, phase, when):
+    """The trainer is killed before or after each phase of the step-4 save (the step-2 one is complete): the
+    resume equals the uninterrupted run's weights and metrics, from whichever checkpoint is complete."""
+    from hf_dspark.training import checkpoint
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 16, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 1, "save_every": 2, "lr": 3e-3, "max_steps": 6}
+    whole = train(TrainConfig(output_dir=str(tmp_path / "whole"), **kw), target=t, records=recs)["drafter"]
+    real = getattr(checkpoint, phase)
+
+    def killing(*a, **k):
+        if not any("checkpoint-4" in str(x) for x in (*a, *k.values())):  # the step-2 save completes
+            return real(*a, **k)
+        if when == "after":
+            real(*a, **k)
+        raise Killed
+
+    monkeypatch.setattr(checkpoint, phase, killing)
+    with pytest.raises(Killed):
+        train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)
+    monkeypatch.setattr(checkpoint, phase, real)
+    done = checkpoint.latest(tmp_path / "cut")
+    assert done.name in ("checkpoint-2", "checkpoint-4"), done
+    resumed = train(TrainConfig(output_dir=str(tmp_path / "cut"), **kw), target=t, records=recs)["drafter"]
+    a, b = whole.state_dict(), resumed.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]  # the killed run's steps after its checkpoint are redone, not doubled
+    assert [p.name for p in (tmp_path / "cut").iterdir() if p.is_dir()] == ["checkpoint-6"]
+
+
+@pytest.mark.parametrize("damage", ["truncate-progress", "truncate-weights", "delete-optimizer", "manifest"])
+def test_a_damaged_checkpoint_is_refused_by_name_and_kept(tmp_path, damage):
+    from hf_dspark.training.checkpoint import CheckpointError
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 12, resp_len=16)
+    cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=8, batch_size=4,
+                      num_anchors=4, val_size=4, eval_every=0, save_every=0, max_steps=2)
+    train(cfg, target=t, records=recs)
+    ckpt = state(tmp_path / "run")
+    target = {"truncate-progress": ckpt / "progress.json", "truncate-weights": ckpt / "drafter" / "model.safetensors",
+              "delete-optimizer": ckpt / "optimizer" / "optimizer.json", "manifest": ckpt / "manifest.json"}[damage]
+    if damage == "delete-optimizer":
+        target.unlink()
+    else:
+        target.write_bytes(target.read_bytes()[:10])
+    files = sorted(str(p) for p in (tmp_path / "run").rglob("*"))
+    with pytest.raises(CheckpointError, match=re.escape(str(target.name if damage != "manifest" else "manifest.json"))):
+        train(TrainConfig(**{**cfg.__dict__, "max_steps": 4}), target=t, records=recs)
+    assert sorted(str(p) for p in (tmp_path / "run").rglob("*")) == files  # nothing removed

@@ -1,0 +1,158 @@
+"""A training run's resumable state on disk: safetensors and JSON only, written so that a kill loses nothing.
+
+    <out>/checkpoint-<step>/drafter/         the drafter (float32 master weights; DSparkDrafter.from_pretrained)
+    <out>/checkpoint-<step>/optimizer/       AdamW moments and the torch RNG as safetensors, optimizer.json
+    <out>/checkpoint-<step>/progress.json    step, planned total, re-plans, the data plan's epochs
+    <out>/checkpoint-<step>/train_config.json
+    <out>/checkpoint-<step>/manifest.json    written last: the step, and every file's size and sha256
+
+A save writes everything into `<out>/.checkpoint-<step>.partial/` and renames that folder into place only once
+its manifest is written; earlier checkpoints are removed after that. A kill at any moment therefore leaves the
+previous complete checkpoint (and at most a partial folder, which the next save removes). On resume the newest
+checkpoint is verified against its manifest before anything is loaded; a damaged one is refused by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+PREFIX = "checkpoint-"
+SHARD = "45MB"  # each weight file stays small enough for a git host's per-file limit
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed (missing, truncated or inconsistent files)."""
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """A safetensors folder's `model.safetensors`, or the shards its index names."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / s for s in json.loads(index.read_text())["weight_map"].values()})
+    return [folder / "model.safetensors"]
+
+
+def latest(out: Path) -> Path | None:
+    """The newest published checkpoint folder of a run, or None."""
+    found = [p for p in Path(out).glob(PREFIX + "*") if p.is_dir() and p.name[len(PREFIX):].isdigit()]
+    return max(found, key=lambda p: int(p.name[len(PREFIX):])) if found else None
+
+
+def save(out: Path, step: int, drafter, optimizer, scheduler, progress: dict, config: dict) -> Path:
+    """Write the run's state at `step` atomically (module docstring); returns the checkpoint folder."""
+    out = Path(out)
+    final, partial = out / f"{PREFIX}{step}", out / f".{PREFIX}{step}.partial"
+    for leftover in out.glob(f".{PREFIX}*.partial"):  # an earlier save that was killed
+        shutil.rmtree(leftover)
+    partial.mkdir(parents=True)
+    _write_drafter(partial, drafter)
+    _write_optimizer(partial, optimizer, scheduler, step)
+    _write_json(partial / "progress.json", {"step": step, **progress})
+    _write_json(partial / "train_config.json", config)
+    _write_manifest(partial, step)
+    _publish(partial, final)
+    _prune(out, keep=final)
+    return final
+
+
+def _write_drafter(folder: Path, drafter) -> None:
+    drafter.save_pretrained(folder / "drafter", max_shard_size=SHARD)
+
+
+def _write_optimizer(folder: Path, optimizer, scheduler, step: int) -> None:
+    from huggingface_hub import save_torch_state_dict
+
+    sd = optimizer.state_dict()
+    tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+    tensors["torch_rng"] = torch.get_rng_state()
+    (folder / "optimizer").mkdir()
+    save_torch_state_dict(tensors, folder / "optimizer", filename_pattern="optimizer{suffix}.safetensors",
+                          max_shard_size=SHARD)
+    sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    _write_json(folder / "optimizer" / "optimizer.json", {"step": step, "param_groups": sd["param_groups"],
+                                                         "scheduler": sched})
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=1))
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(folder: Path, step: int) -> None:
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    for p in files:  # the data must be on disk before the manifest vouches for it
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    entries = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
+    _write_json(folder / "manifest.json", {"step": step, "files": entries})
+
+
+def _publish(partial: Path, final: Path) -> None:
+    if final.exists():  # the same step saved again (a resume that stopped at once): the new copy replaces it
+        shutil.rmtree(final)
+    os.replace(partial, final)
+
+
+def _prune(out: Path, keep: Path) -> None:
+    for old in Path(out).glob(PREFIX + "*"):
+        if old != keep and old.is_dir():
+            shutil.rmtree(old)
+
+
+def verify(folder: Path) -> dict:
+    """Check a checkpoint against its manifest → its progress.json; CheckpointError names what is wrong."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        files, step = manifest["files"], manifest["step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{folder}: its manifest.json is missing or unreadable ({e})") from e
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing")
+        if path.stat().st_size != entry["bytes"] or _digest(path) != entry["sha256"]:
+            raise CheckpointError(f"{path} is damaged (its size or checksum differs from {folder}/manifest.json)")
+    progress = json.loads((folder / "progress.json").read_text())
+    optimizer = json.loads((folder / "optimizer" / "optimizer.json").read_text())
+    if not progress["step"] == optimizer["step"] == step == int(folder.name[len(PREFIX):]):
+        raise CheckpointError(f"{folder}: its parts record different steps (manifest {step}, progress "
+                              f"{progress['step']}, optimizer {optimizer['step']})")
+    return progress
+
+
+def config_of(folder: Path) -> dict:
+    return json.loads((Path(folder) / "train_config.json").read_text())
+
+
+def load(folder: Path, optimizer, scheduler) -> None:
+    """Restore the optimizer, the lr schedule and the torch RNG of a verified checkpoint (the drafter's weights
+    are loaded by the caller, with the model's own `init_from`)."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for shard in sorted((Path(folder) / "optimizer").glob("optimizer*.safetensors")):
+        tensors.update(load_file(shard))
+    meta = json.loads((Path(folder) / "optimizer" / "optimizer.json").read_text())
+    state: dict[int, dict] = {}
+    for key, v in tensors.items():
+        if key != "torch_rng":
+            i, name = key.split(".", 1)
+            state.setdefault(int(i), {})[name] = v
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+    torch.set_rng_state(tensors["torch_rng"])
