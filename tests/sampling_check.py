@@ -39,8 +39,10 @@ def processors(temperature=1.0, top_k=None, top_p=None, repetition_penalty=None)
 
 
 @torch.no_grad()
-def exact_distribution(model, prompt: torch.Tensor, steps: int, procs: LogitsProcessorList) -> np.ndarray:
-    """Exact probability of every continuation: array [V]*steps (float64)."""
+def exact_distribution(model, prompt: torch.Tensor, steps: int, procs: LogitsProcessorList,
+                       eos: int | None = None) -> np.ndarray:
+    """Exact probability of every continuation: array [V]*steps (float64). With `eos`, generation ends at it and
+    the positions after it hold `eos` (how `sample_until_eos` pads a shorter output)."""
     V = model.config.vocab_size
     joint = np.ones([1])
     for t in range(steps):
@@ -48,6 +50,9 @@ def exact_distribution(model, prompt: torch.Tensor, steps: int, procs: LogitsPro
         ids = torch.cat([prompt.expand(V**t, -1), conts], dim=1)
         logits = model(ids).logits[:, -1].float()
         probs = torch.softmax(procs(ids, logits), dim=-1).double().numpy()  # [V^t, V]
+        if eos is not None:
+            ended = (conts == eos).any(1).numpy()
+            probs[ended] = np.eye(V)[eos]
         joint = (joint.reshape(-1, 1) * probs).reshape(-1)
     return joint.reshape([V] * steps)
 
@@ -62,6 +67,17 @@ def sample_counts(model, drafter, prompt, steps: int, n: int, seed: int, **gen) 
                              assistant_model=drafter, **gen)
         seqs.append(out[0, prompt.shape[1]:].tolist())
     return np.array(seqs).reshape(n, steps)
+
+
+def sample_until_eos(model, drafter, prompt, steps: int, n: int, seed: int, eos: int, **gen) -> np.ndarray:
+    """[n, steps] tokens of `n` speculative generations that may end at `eos`, padded with `eos`."""
+    torch.manual_seed(seed)
+    seqs = []
+    for _ in range(n):
+        out = model.generate(prompt, do_sample=True, max_new_tokens=steps, assistant_model=drafter, **gen)
+        new = out[0, prompt.shape[1]:].tolist()
+        seqs.append(new + [eos] * (steps - len(new)))
+    return np.array(seqs)
 
 
 def _g_test(observed: np.ndarray, expected_p: np.ndarray) -> float:

@@ -38,6 +38,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
+        eos = generation_config.eos_token_id
+        self.stop_ids = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else
+                                                                      torch.as_tensor(eos).view(-1).tolist())}
         # Drafts go through the target's pure processors, so q is what they are drawn from; stateful ones stay out
         # of drafting and are rolled back to the committed prefix after each verification (processors.py).
         self.draft_processor, self.rollbacks = guard(logits_processor)
@@ -74,7 +77,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         lookup: list[int] = []
         if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (ngram.py)
             self.ngrams.extend(input_ids[0, len(self.ngrams.seq):].tolist())
-            lookup = self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room))
+            lookup = self._through_stop(self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room)))
             length = self.verify_policy.ngram_length(len(lookup))  # under the scheduler: worth verifying, 0..n
             if length:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
                 candidate = torch.cat([input_ids, input_ids.new_tensor([lookup[:length]])], dim=-1)
@@ -89,12 +92,22 @@ class DSparkCandidateGenerator(CandidateGenerator):
                                    processor=self.draft_processor, do_sample=self.do_sample, weights=self.weights,
                                    offset=self.offset, temperature=self.temperature)
         conf = block.confidences  # calibrated c_k [n] on the CPU (one host sync for the policy and the stats)
-        length = self.verify_policy.length(conf, n)  # ℓ in 0..n, from c_1..c_n only (verify_policy.py)
+        tokens = block.tokens.tolist()
+        n = len(self._through_stop(tokens))  # drafts after a drafted stop token can never be committed
+        length = self.verify_policy.length(None if conf is None else conf[:n], n)  # ℓ in 0..n, from c_1..c_n only
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
         # transformers verifies on input_ids' device (device_map targets: may differ from the drafter's)
         logits = block.logits[:length].unsqueeze(0).to(input_ids.device) if (self.do_sample and length) else None
-        return self._send(input_ids, candidate, logits, block.tokens.tolist(), [] if conf is None else conf.tolist(),
+        return self._send(input_ids, candidate, logits, tokens, [] if conf is None else conf.tolist(),
                           "dspark", t0, lookup)
+
+    def _through_stop(self, drafts: list[int]) -> list[int]:
+        """`drafts` up to and including the first stop token of the call. Lossless: whether x_k is offered depends
+        on x_1..x_{k-1} only, and the scheduler's walk reaches the kept positions before any cut one."""
+        for i, token in enumerate(drafts):
+            if token in self.stop_ids:
+                return drafts[: i + 1]
+        return drafts
 
     def _send(self, input_ids, candidate, logits, drafts: list[int], conf: list[float], source: str, t0,
               lookup: Sequence[int] = ()):

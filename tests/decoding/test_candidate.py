@@ -85,6 +85,37 @@ def test_eos_inside_a_draft(ngram):
     assert out.shape[1] < free.shape[1] and out[0, -1] == eos
 
 
+@pytest.mark.parametrize("eos_list", [False, True], ids=["eos", "eos-list"])
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
+def test_no_draft_after_a_drafted_stop_token_is_verified(eos_list, ngram):
+    """Drafts after a drafted EOS (any of the call's EOS ids) can never be committed: the block is cut there before
+    the policy chooses ℓ; output stays plain's."""
+    free = tiny_target().generate(PROMPT, do_sample=False, max_new_tokens=40)
+    eos = int(free[0, PROMPT.shape[1] + 20])
+    model = tiny_target(eos=[63, eos] if eos_list else eos)
+    drafter = drafter_for(model)
+    drafter.ngram_drafts = ngram
+    real = DSparkDrafter.draft
+
+    def eos_second(self, *a, **k):  # every block drafts EOS at position 2, then more tokens
+        block = real(self, *a, **k)
+        if len(block.tokens) > 2:
+            block.tokens[1] = eos
+        return block
+
+    DSparkDrafter.draft = eos_second
+    try:
+        assert_identical(model, drafter, oracle=False, max_new_tokens=40)
+    finally:
+        DSparkDrafter.draft = real
+    drafted = [r for r in drafter.last_stats.rounds if r.source == "dspark" and r.drafted > 2]
+    assert drafted and all(r.verified <= 2 for r in drafted)
+    stops = {eos, 63} if eos_list else {eos}
+    for r in drafter.last_stats.rounds:  # n-gram rounds too: nothing verified past a stop token
+        verified = r.tokens[: r.verified]
+        assert not any(t in stops for t in verified[:-1]), r
+
+
 @pytest.mark.parametrize("gen", [
     dict(repetition_penalty=1.3),
     dict(no_repeat_ngram_size=2),

@@ -18,14 +18,14 @@ from hf_dspark.decoding.ngram import NgramIndex
 from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.model import drafter as drafter_mod
 from tests.conftest import tiny_target
-from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
+from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts, sample_until_eos
 
 V, STEPS, N = 8, 5, 600
 PROMPT = torch.tensor([[1, 5, 2]])
 
 
-def setup(head="markov", block=3, seed=0, draft_vocab=None):
-    model = tiny_target(vocab=V, hidden=16, layers=3, heads=2, kv_heads=1, seed=seed, logit_scale=6.0)
+def setup(head="markov", block=3, seed=0, draft_vocab=None, eos=None):
+    model = tiny_target(vocab=V, hidden=16, layers=3, heads=2, kv_heads=1, seed=seed, logit_scale=6.0, eos=eos)
     torch.manual_seed(seed + 1)
     drafter = DSparkDrafter.from_target(model, block_size=block, target_layer_ids=[0, 1], head_type=head,
                                         markov_rank=4, mask_token_id=V - 1)
@@ -90,6 +90,19 @@ def test_sampling_matches_target_distribution(name):
         assert share > 0, share
     p = fit_pvalue(samples, exact)
     assert p >= ALPHA, f"{name}: speculative samples deviate from the target's law (p={p:.2e})"
+
+
+@pytest.mark.parametrize("ngram", [None, 1], ids=["drafter", "with-ngrams"])
+def test_sampling_with_drafted_stop_tokens_matches_target_distribution(ngram):
+    """Blocks cut after a drafted EOS: the law of sequences that may end early is still the target's."""
+    eos = 4
+    model, drafter = setup(head="markov", block=4, eos=eos)
+    exact = exact_distribution(model, PROMPT, STEPS, processors(), eos=eos)
+    with ngram_drafts(drafter, ngram) if ngram else contextlib.nullcontext():
+        samples = sample_until_eos(model, drafter, PROMPT, STEPS, N, seed=123, eos=eos)
+    assert (samples == eos).any(1).mean() > 0.2, "too few sequences end early to test the cut"
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"with drafted stop tokens, samples deviate from the target's law (p={p:.2e})"
 
 
 @contextlib.contextmanager
