@@ -27,6 +27,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="DSpark vs plain generate, prompt lookup and the DFlash ablation, side by side")
     p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [...]})")
     p.add_argument("--limit", type=int, default=100, help="prompts per file")
+    p.add_argument("--holdout", action="store_true",
+                   help="only the prompts of training files that training never answers (1 in 20, by id)")
     common.add_target(p)
     common.add_drafter(p)
     p.add_argument("--ablation", help="DFlash-ablation drafter folder (--head none); omitted if not given")
@@ -61,7 +63,7 @@ def cmd_bench(args) -> int:
     if args.ablation:
         methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
     methods += dspark_methods(args.policies, drafter)
-    prompts = load_prompts(args.prompts, args.limit)
+    prompts = load_prompts(args.prompts, args.limit, args.holdout)
     res = run_bench(model, tok, methods, prompts, args.max_new_tokens, args.do_sample, args.temperature,
                     referee=referee, tie_tolerance=args.tie_tolerance)
     out = Path(args.out)

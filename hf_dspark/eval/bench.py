@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..decoding.options import DecodingOptions
 from ..decoding.profile import cpu_info
 from ..decoding.stats import DSparkStats, Round
+from ..training.data import is_holdout
 from .referee import TIE_TOLERANCE, judge_divergence
 
 
@@ -44,12 +45,15 @@ class Method:
     ngram: bool = False
 
 
-def load_prompts(paths: list[str], limit: int | None) -> list[tuple[str, str]]:
-    """(dataset name, first user turn) from `{"turns": [...]}` JSONL files, the first `limit` of each."""
+def load_prompts(paths: list[str], limit: int | None, holdout: bool = False) -> list[tuple[str, str]]:
+    """(dataset name, first user turn) from `{"turns": [...]}` JSONL files, the first `limit` of each; with
+    `holdout`, only the prompts training never answers (training.data.is_holdout: 1 in 20 of a training file)."""
     out = []
     for path in paths:
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        out += [(Path(path).stem, r["turns"][0]) for r in rows[:limit]]
+        rows = [(i, json.loads(line)) for i, line in enumerate(Path(path).read_text().splitlines()) if line.strip()]
+        if holdout:
+            rows = [(i, r) for i, r in rows if is_holdout(f"{Path(path).stem}:{i}")]
+        out += [(Path(path).stem, r["turns"][0]) for _, r in rows[:limit]]
     return out
 
 
@@ -155,10 +159,11 @@ def summarize(rows, methods, base, prompts, model, gen) -> dict:
             base_sel = {r["prompt"]: r for r in rows if r["method"] == base and (scope == "all" or r["dataset"] == scope)}
             ratios = [(r["new_tokens"] / r["seconds"]) / (base_sel[r["prompt"]]["new_tokens"] / base_sel[r["prompt"]]["seconds"])
                       for r in sel]
-            q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+            q = statistics.quantiles(ratios, n=20, method="inclusive") if len(ratios) >= 2 else [ratios[0]] * 19
             e = {
                 "tokens_per_s": sum(r["new_tokens"] for r in sel) / sum(r["seconds"] for r in sel),
-                "speedup_median": statistics.median(ratios), "speedup_p25": q[0], "speedup_p75": q[2],
+                "speedup_median": statistics.median(ratios), "speedup_p25": q[4], "speedup_p75": q[14],
+                "speedup_p10": q[1], "speedup_worst": min(ratios), "speedup_per_prompt": ratios,
                 "speedup_pooled": (sum(r["new_tokens"] for r in sel) / sum(r["seconds"] for r in sel))
                 / (sum(b["new_tokens"] for b in base_sel.values()) / sum(b["seconds"] for b in base_sel.values())),
             }
@@ -174,8 +179,8 @@ def summarize(rows, methods, base, prompts, model, gen) -> dict:
 
 
 def markdown_table(res: dict) -> str:
-    lines = ["| method | dataset | tok/s | speedup (median, p25–p75) | pooled speedup | τ | identical |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| method | dataset | tok/s | speedup per prompt: median (p25–p75) | p10 | worst | pooled speedup | τ | "
+             "identical |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, entry in res["methods"].items():
         for scope, e in entry.items():
             if scope == "all" and len(entry) == 2:
@@ -183,7 +188,8 @@ def markdown_table(res: dict) -> str:
             ident = "—" if "mismatches" not in e else identity_cell(e)
             tau = f"{e['tau']:.2f}" if "tau" in e else "—"
             lines.append(f"| {name} | {scope} | {e['tokens_per_s']:.1f} | {e['speedup_median']:.2f}× "
-                         f"({e['speedup_p25']:.2f}–{e['speedup_p75']:.2f}) | {e['speedup_pooled']:.2f}× | {tau} | {ident} |")
+                         f"({e['speedup_p25']:.2f}–{e['speedup_p75']:.2f}) | {e['speedup_p10']:.2f}× | "
+                         f"{e['speedup_worst']:.2f}× | {e['speedup_pooled']:.2f}× | {tau} | {ident} |")
     return "\n".join(lines)
 
 

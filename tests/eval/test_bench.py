@@ -41,8 +41,11 @@ def test_every_method_every_field(tmp_path):
     for name, entry in res["methods"].items():
         assert set(entry) == {"all", "set-a", "set-b"}
         e = entry["all"]
-        assert {"tokens_per_s", "speedup_median", "speedup_p25", "speedup_p75", "speedup_pooled", "mismatches"} <= set(e)
+        assert {"tokens_per_s", "speedup_median", "speedup_p25", "speedup_p75", "speedup_p10", "speedup_worst",
+                "speedup_pooled", "mismatches"} <= set(e)
         assert e["mismatches"] == []
+        per = e["speedup_per_prompt"]  # one ratio per prompt, against plain on the same prompt
+        assert len(per) == len(PROMPTS) and e["speedup_worst"] == min(per) <= e["speedup_p10"] <= e["speedup_median"]
         if name not in ("plain", "prompt-lookup-3"):
             assert {"tau", "conditional_acceptance", "verify_lengths", "draft_time_s", "rounds", "drafted_rounds",
                     "ngram_rounds"} <= set(e)
@@ -137,3 +140,16 @@ def test_referee_judges_mismatches_and_loads_lazily():
     far = run_bench(model, Tok(), ms, PROMPTS, max_new_tokens=8, warmup=0, check=corrupt(-1), referee=lambda: model,
                     tie_tolerance=0.0)
     assert identity_failures(far["methods"]["dspark"]["all"]) == [1] and "**NO: 1**" in markdown_table(far)
+
+
+def test_holdout_prompts_are_the_ones_training_never_answers(tmp_path):
+    from hf_dspark.eval.bench import load_prompts
+    from hf_dspark.training.data import is_holdout, plan
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"turns": [f"prompt {i}"]}) + "\n" for i in range(200)))
+    held = load_prompts([str(path)], None, holdout=True)
+    assert held and len(held) < 30
+    assert [t for _, t in held] == [f"prompt {i}" for i in range(200) if is_holdout(f"chat:{i}")]
+    trained = {p["prompt"] for _, p, _ in plan([str(path)])}
+    assert not trained & {t for _, t in held}
