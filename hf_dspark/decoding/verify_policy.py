@@ -41,6 +41,7 @@ thresholds have no profile and no gate: they are for experiments.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -92,7 +93,8 @@ class VerifyPolicy:
             # an n-gram round pays no drafter, only the roll-back; its length is a best prefix, not the walk
             self.max_ngram_drafts = min(best_prefix_reach(self.profile.verify_time, self.profile.rollback_time),
                                         self.max_ngram_drafts)
-            self.gate = DraftGate(self.profile.verify_time, overhead, prior=self._gate_prior(temperature))
+            self.gate = self._carried_gate(target, temperature) or DraftGate(
+                self.profile.verify_time, overhead, prior=self._gate_prior(temperature))
             self.ngram_survival = SurvivalEstimate()
         else:
             raise ValueError(
@@ -105,6 +107,20 @@ class VerifyPolicy:
     @classmethod
     def for_drafter(cls, drafter, target, temperature: float | None = None) -> "VerifyPolicy":
         return cls(drafter.options.verify_policy, drafter, target, temperature)
+
+    def _carried_gate(self, target, temperature: float | None) -> DraftGate | None:
+        """Greedy calls share one DraftGate per (drafter, target, policy, profile): a call starts where the last one
+        left it instead of paying its probes again. Output is unchanged (a gate only decides what to verify, never
+        what is committed). Sampled calls each start from the calibration prior: there the gate's decisions steer how
+        the random stream is consumed, so carrying it would make a seed give another output on a second call."""
+        if temperature != 0:
+            return None
+        prior = self._gate_prior(temperature)  # a new calibration starts a new gate
+        gates = _GREEDY_GATES.setdefault(self.drafter, {})
+        key = (id(target), repr(self.spec), repr(self.profile.key), tuple(self.profile.verify_time), prior)
+        if key not in gates:
+            gates[key] = DraftGate(self.profile.verify_time, self.profile.round_overhead, prior=prior)
+        return gates[key]
 
     def _gate_prior(self, temperature: float | None) -> tuple[float, int] | None:
         """(accepted drafts, verified drafts) of a drafted round as this policy would run it, from the survival the
@@ -149,6 +165,10 @@ class VerifyPolicy:
         if not 0 <= length <= n:
             raise ValueError(f"verify policy {self.spec!r} returned {length} for {n} drafts")
         return length
+
+
+# drafter → {(target id, policy, profile): the DraftGate its greedy calls share}; dropped with the drafter
+_GREEDY_GATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _profile_for(drafter, target):

@@ -444,3 +444,27 @@ def test_sampling_exact_with_a_gate_that_starts_closed():
     model.generate(PROMPT, do_sample=True, max_new_tokens=40, assistant_model=drafter)
     drafted = [r.drafted > 0 for r in drafter.last_stats.rounds if r.source == "dspark"]
     assert not any(drafted[:8]) and any(drafted), drafted
+
+
+def test_greedy_calls_carry_the_gate_and_sampled_calls_stay_reproducible():
+    """A drafter that never pays: the first greedy call drafts until the gate closes; the next greedy call starts
+    with the gate where the first left it (fewer drafted rounds), output unchanged. Sampled calls start afresh,
+    so a seed gives the same output on every call."""
+    from tests.decoding.test_sampling import PROMPT as P
+
+    model, drafter = scheduled_setup("auto", [1.0, 1.3, 1.5, 1.6])
+    drafter.ngram_drafts = False
+    drafter.device_profile.draft_time = 0.5  # each drafted round costs half a step: random drafts never pay
+    plain = model.generate(P, do_sample=False, max_new_tokens=40)
+    drafted = []
+    for _ in range(3):
+        out = model.generate(P, do_sample=False, max_new_tokens=40, assistant_model=drafter)
+        assert out.tolist() == plain.tolist()
+        drafted.append(drafter.last_stats.drafted_rounds)
+    assert drafted[1] < drafted[0] and drafted[2] <= drafted[1], drafted
+    sampled = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        sampled.append(model.generate(P, do_sample=True, max_new_tokens=40, assistant_model=drafter).tolist())
+        sampled_rounds = drafter.last_stats.drafted_rounds
+    assert sampled[0] == sampled[1] and sampled_rounds > drafted[2]
