@@ -23,7 +23,8 @@ import torch
 
 from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.decoding.profile import cpu_info
-from hf_dspark.eval.bench import encode_prompt, load_prompts
+from hf_dspark.eval.bench import load_prompts
+from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.eval.replay import slot_scores, walk
 from hf_dspark.io.loading import load_default_drafter, load_default_target
 from hf_dspark.model import deepspec
@@ -58,7 +59,7 @@ def measure(model, tok, dr, files: list[str], n: int, ks: list[int], max_new: in
         per = {k: {"full": [], "capped": []} for k in ks}
         checked = 0
         for i, (ds, text) in enumerate(load_prompts([name], n)):
-            ids = encode_prompt(tok, text)
+            ids = chat_inputs(tok, text)["input_ids"]
             resp = model.generate(ids, do_sample=False, max_new_tokens=max_new)[0, ids.shape[1]:].tolist()
             P, R = ids.shape[1], len(resp)
             if R < 2:

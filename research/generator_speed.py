@@ -15,7 +15,8 @@ import time
 import torch
 
 from hf_dspark.io.loading import load_default_target
-from hf_dspark.training.data import plan, template
+from hf_dspark.io.prompts import chat_ids
+from hf_dspark.training.data import plan
 from hf_dspark.training.sampler import Job, answer
 
 SOURCES = ["../shared/data/train/gsm8k_train.jsonl", "../shared/data/train/alpaca_5000.jsonl",
@@ -47,7 +48,7 @@ def main() -> None:
     for dtype, methods in ((torch.float32, ["generate bs32"]), (torch.bfloat16, ["generate bs32", "sampler 64 slots"])):
         model, tok = load_default_target(dtype=dtype)
         eos = model.generation_config.eos_token_id
-        prompts = [template(tok, p["prompt"]) for _, p, _ in jobs]
+        prompts = [chat_ids(tok, p["prompt"]) for _, p, _ in jobs]
         for name in methods:
             t0 = time.perf_counter()
             if name.startswith("generate"):

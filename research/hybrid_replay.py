@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.eval.bench import encode_prompt, load_prompts
+from hf_dspark.eval.bench import load_prompts
+from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.io.loading import load_target_and_drafter
 from hf_dspark.decoding.profile import get_profile, load_profile
 from hf_dspark.eval.replay import slot_scores
@@ -67,7 +68,7 @@ def collect(results: Path, prompts_file: str, cache: Path) -> list[dict]:
     model, tok, drafter, _ = load_target_and_drafter(None, None, torch.float32, "cpu")
     out = []
     for i, (_, text) in zip(indices, load_prompts([prompts_file], len(indices))):
-        prompt = encode_prompt(tok, text)
+        prompt = chat_inputs(tok, text)["input_ids"]
         ids = prompt[0].tolist()
         rows = {r["method"]: r for r in res["rows"] if r["prompt"] == i}
         y = output_tokens(next(r for r in rows.values() if r["rounds"]), prompt, model)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.eval.bench import encode_prompt, load_prompts
+from hf_dspark.eval.bench import load_prompts
+from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.eval.referee import TIE_TOLERANCE, judge_divergence
 from hf_dspark.io.loading import DTYPES, load_target
 
@@ -52,7 +53,7 @@ def main() -> None:
     index = sorted({r["prompt"] for r in res["rows"] if r["dataset"] == name})
     verdicts: dict[str, list] = {}
     for r in rows:
-        ids = encode_prompt(tok, texts[index.index(r["prompt"])])
+        ids = chat_inputs(tok, texts[index.index(r["prompt"])])["input_ids"]
         out = output_tokens(r, ids, model)
         if out is None:
             verdicts.setdefault(r["method"], []).append(None)

@@ -9,10 +9,8 @@ output says what was measured and whether other work was competing for the CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 
 import torch
 
@@ -20,6 +18,7 @@ from ..decoding.options import DecodingOptions
 from ..decoding.verify_policy import VerifyPolicy
 from ..eval import referee
 from ..io import loading
+from ..io.prompts import chat_inputs, read_prompts
 from . import common
 
 # The timing set when no --prompts FILE is given: written for this command (not taken from any eval set), two each
@@ -61,23 +60,6 @@ def add_parser(sub) -> None:
                    help="take free n-gram drafts from the context when its last 2-4 tokens occurred before "
                         "(lossless; default on)")
     g.set_defaults(func=cmd_generate)
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """A text file (one prompt a line) or JSONL ({'turns': [prompt, ...]} or {'prompt': ...}) → prompts."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("{"):
-            row = json.loads(line)
-            out.append(row["turns"][0] if "turns" in row else row["prompt"])
-        else:
-            out.append(line)
-    if not out:
-        raise ValueError(f"{path} has no prompts")
-    return out
 
 
 def _timed_generate(model, inputs, clock=time.perf_counter, **kwargs):
@@ -137,14 +119,9 @@ def cmd_generate(args) -> int:
         dtype = loading.resolve_dtype(args.dtype, args.device)
     model, tok, drafter, what = loading.load_target_and_drafter(args.target, args.drafter, dtype, args.device)
     drafter.options = DecodingOptions(DecodingOptions.parse(args.verify).verify_policy, args.ngram_drafts)
-    texts = ([args.prompt] if args.prompt else []) + (read_prompts(args.prompts) if args.prompts else PROMPTS)
+    texts = ([args.prompt] if args.prompt else []) + ([t for _, t in read_prompts(args.prompts)] if args.prompts else PROMPTS)
 
-    def encode(text):
-        messages = [{"role": "user", "content": text}]
-        chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) if tok.chat_template else text
-        return tok(chat, return_tensors="pt").to(model.device)
-
-    prompts = [encode(t) for t in texts]
+    prompts = [chat_inputs(tok, t, model.device) for t in texts]
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.do_sample else dict(do_sample=False)
     gen = dict(max_new_tokens=args.max_new_tokens, **sampling)
     res = time_methods(model, drafter, prompts, gen, repeats=args.repeats, warmup=args.warmup, seed=args.seed)

@@ -13,6 +13,8 @@ import torch
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from ..io import prompts
+
 MAX_PROMPT_CHARS = 2000
 MAX_PROMPT_TOKENS = 512
 MAX_NEW_TOKENS = 256
@@ -68,13 +70,11 @@ def verify_policy(req: Request, drafter, profile_fn=None):
 
 
 def chat_inputs(tok, prompt: str, device) -> dict:
-    text = prompt
-    if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    inputs = tok(text, return_tensors="pt")
+    """generate() inputs for a demo prompt (io.prompts.chat_inputs), refused past MAX_PROMPT_TOKENS."""
+    inputs = prompts.chat_inputs(tok, prompt, device)
     if inputs["input_ids"].shape[1] > MAX_PROMPT_TOKENS:
         raise ValueError(f"The prompt is {inputs['input_ids'].shape[1]} tokens; the limit is {MAX_PROMPT_TOKENS}.")
-    return {k: v.to(device) for k, v in inputs.items()}
+    return inputs
 
 
 def sampling_kwargs(req: Request) -> dict:

@@ -14,7 +14,6 @@ referee's best. Anything else is a failure, as in float32.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import statistics
 import time
@@ -29,6 +28,7 @@ from tqdm.auto import tqdm
 from ..decoding.options import DecodingOptions
 from ..decoding.profile import cpu_info
 from ..decoding.stats import DSparkStats, Round
+from ..io.prompts import chat_inputs, read_prompts
 from ..training.data import is_holdout
 from .referee import TIE_TOLERANCE, judge_divergence
 
@@ -50,10 +50,8 @@ def load_prompts(paths: list[str], limit: int | None, holdout: bool = False) -> 
     `holdout`, only the prompts training never answers (training.data.is_holdout: 1 in 20 of a training file)."""
     out = []
     for path in paths:
-        rows = [(i, json.loads(line)) for i, line in enumerate(Path(path).read_text().splitlines()) if line.strip()]
-        if holdout:
-            rows = [(i, r) for i, r in rows if is_holdout(f"{Path(path).stem}:{i}")]
-        out += [(Path(path).stem, r["turns"][0]) for _, r in rows[:limit]]
+        rows = [(key, text) for key, text in read_prompts(path) if not holdout or is_holdout(key)]
+        out += [(Path(path).stem, text) for _, text in rows[:limit]]
     return out
 
 
@@ -72,13 +70,6 @@ def _environment(model) -> dict:
     }
 
 
-def encode_prompt(tok, text: str) -> torch.Tensor:
-    """A prompt as one user turn under the tokenizer's chat template (plain text without one) → ids [1, P]."""
-    msgs = [{"role": "user", "content": text}]
-    return (tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-            if getattr(tok, "chat_template", None) else tok(text, return_tensors="pt")["input_ids"])
-
-
 def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]], max_new_tokens: int = 256,
               do_sample: bool = False, temperature: float = 1.0, seed: int = 980406, warmup: int = 1,
               check: Callable | None = None, referee=None, tie_tolerance: float = TIE_TOLERANCE) -> dict:
@@ -93,7 +84,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
     gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
     if do_sample:
         gen["temperature"] = temperature
-    encoded = [encode_prompt(tok, text).to(model.device) for _, text in prompts]
+    encoded = [chat_inputs(tok, text, model.device)["input_ids"] for _, text in prompts]
 
     def one(m: Method, ids):
         kw = dict(gen, **m.extra)

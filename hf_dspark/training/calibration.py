@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..model.config import calibration_entries
+from ..io.prompts import chat_inputs
 from .data import check_excluded, done_ids, is_holdout, prompt_of, read_prompts
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
@@ -159,9 +160,7 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
     drafter.verify_policy, drafter.ngram_drafts = "all", False
     try:
         for p in tqdm(prompts, desc="calibration prompts"):
-            ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt",
-                                          return_dict=True)
-            model.generate(**ids.to(model.device), assistant_model=drafter, max_new_tokens=max_new_tokens, **sampling)
+            model.generate(**chat_inputs(tok, p, model.device), assistant_model=drafter, max_new_tokens=max_new_tokens, **sampling)
             rounds.extend(drafter.last_stats.rounds)
     finally:
         drafter.verify_policy, drafter.ngram_drafts = options

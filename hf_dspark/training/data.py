@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..io import prompts
 from ..io.loading import load_default_target
 from .sampler import Job, answer
 
@@ -38,21 +39,13 @@ def normalize(text: str) -> str:
 
 
 def read_prompts(path: str | Path, suffix: str | None = None) -> list[dict]:
-    """JSONL with {"turns": [prompt, ...]} → [{"id": "<file stem>:<line>", "prompt": first turn (+ suffix)}]."""
+    """A prompt file (io.prompts) → [{"id": "<file stem>:<line>", "prompt": prompt (+ suffix)}]; GSM8K files get
+    the evaluation's reasoning suffix unless `suffix` says otherwise."""
     path = Path(path)
     if suffix is None:
         suffix = GSM8K_SUFFIX if "gsm8k" in path.name.lower() else ""
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            turns = json.loads(line)["turns"]
-            prompt = turns[0]
-            if suffix and not prompt.endswith(suffix):
-                prompt += suffix
-            out.append({"id": f"{path.stem}:{i}", "prompt": prompt})
-    return out
+    return [{"id": key, "prompt": text if not suffix or text.endswith(suffix) else text + suffix}
+            for key, text in prompts.read_prompts(path)]
 
 
 def eval_keys(paths: list[str | Path]) -> set[str]:
@@ -108,11 +101,6 @@ def done_ids(path: str | Path) -> set[str]:
 def prompt_of(answer_id: str) -> str:
     """`"gsm8k_train:12#3"` → `"gsm8k_train:12"` (the prompt an answer belongs to)."""
     return answer_id.split("#", 1)[0]
-
-
-def template(tokenizer, prompt: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
 def parse_source(spec: str) -> tuple[str, int]:
@@ -202,7 +190,7 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
     jobs = plan(sources, exclude, seed, temperature, top_p)[:limit]
     skip = done_ids(output)
     model, tok = _load(model_path, getattr(torch, dtype))
-    todo = [Job(key, template(tok, p["prompt"]), temp, top_p) for key, p, temp in jobs if key not in skip]
+    todo = [Job(key, prompts.chat_ids(tok, p["prompt"]), temp, top_p) for key, p, temp in jobs if key not in skip]
     eos = eos_ids(model)
     writer = ShardWriter(output, shard_size)
     bar = tqdm(total=len(todo), desc="answers", unit="ans")

@@ -18,8 +18,8 @@ class Tok:
 
     chat_template = None
 
-    def __call__(self, text, return_tensors=None):
-        return {"input_ids": torch.tensor([[ord(c) % 60 for c in text]])}
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 60 for c in text]}
 
 
 PROMPTS = [("set-a", "hello world"), ("set-a", "abc def"), ("set-b", "the quick brown")]
