@@ -1,35 +1,40 @@
 """hf_dspark: DSpark speculative decoding for Hugging Face transformers.
 
-    from hf_dspark import DSparkDrafter, load_default_target
+    from hf_dspark import load_default_drafter, load_default_target
     model, tok = load_default_target()
-    drafter = DSparkDrafter.from_pretrained(path, target=model)
-    out = model.generate(**tok(prompt, return_tensors="pt"), assistant_model=drafter, max_new_tokens=256)
+    drafter = load_default_drafter(model)          # or DSparkDrafter.from_pretrained(path, target=model)
+    out = model.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
     print(drafter.last_stats)
+
+Names load on first use (so `hf-dspark --help` does not import torch).
 """
 
-from transformers import AutoConfig
-
-from .decoding.candidate import DSparkCandidateGenerator
-from .decoding.options import DecodingOptions
-from .decoding.processors import DSparkLogitsProcessor, mark_stateless
-from .decoding.routing import enable
-from .decoding.stats import DSparkStats
-from .io.loading import load_default_drafter, load_default_target
-from .model.config import DSparkConfig
-from .model.drafter import DSparkDrafter
-
-AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
+import importlib
 
 __version__ = "0.1.0"
-__all__ = [
-    "DSparkCandidateGenerator",
-    "DSparkConfig",
-    "DSparkDrafter",
-    "DSparkLogitsProcessor",
-    "DSparkStats",
-    "DecodingOptions",
-    "enable",
-    "load_default_drafter",
-    "load_default_target",
-    "mark_stateless",
-]
+
+_EXPORTS = {
+    "DSparkCandidateGenerator": ".decoding.candidate",
+    "DSparkConfig": ".model.config",
+    "DSparkDrafter": ".model.drafter",
+    "DSparkLogitsProcessor": ".decoding.processors",
+    "DSparkStats": ".decoding.stats",
+    "DecodingOptions": ".decoding.options",
+    "enable": ".decoding.routing",
+    "load_default_drafter": ".io.loading",
+    "load_default_target": ".io.loading",
+    "mark_stateless": ".decoding.processors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hf_dspark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

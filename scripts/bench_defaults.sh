@@ -22,6 +22,6 @@ SAMPLE=()
 "$HF" profile --dtype "$DTYPE" --threads 2 --force
 for ds in ${SETS:-gsm8k mbpp}; do
   "$HF" bench "$SHARED/eval/$ds.jsonl" --limit "$LIMIT" --max-new-tokens 128 --policies "$POLICIES" \
-    --dtype "$DTYPE" --threads 2 "${SAMPLE[@]}" --out "$OUT/$ds"
+    --dtype "$DTYPE" --threads 2 "${SAMPLE[@]}" --output "$OUT/$ds"
 done
 echo "tables: $OUT/*/results.md"

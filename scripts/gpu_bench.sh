@@ -23,11 +23,11 @@ target=()
 t0=$(date +%s)
 timeout 240 $PY -m hf_dspark.cli bench "$EVAL/gsm8k.jsonl" "$EVAL/mbpp.jsonl" --limit "$LIMIT" \
   --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --policies all,scheduler,scheduler+ngram \
-  --out "$OUT/greedy" 2>&1 | tee "$OUT/greedy.log"
+  --output "$OUT/greedy" 2>&1 | tee "$OUT/greedy.log"
 greedy=${PIPESTATUS[0]}
 timeout 200 $PY -m hf_dspark.cli bench "$EVAL/gsm8k.jsonl" "$EVAL/mbpp.jsonl" --limit "$LIMIT" \
   --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --do-sample --prompt-lookup 0 \
-  --policies all,scheduler,scheduler+ngram --out "$OUT/t1" 2>&1 \
+  --policies all,scheduler,scheduler+ngram --output "$OUT/t1" 2>&1 \
   | tee "$OUT/t1.log"
 t1=${PIPESTATUS[0]}
 echo "==== gpu_bench: greedy rc=$greedy, T=1 rc=$t1, $(( $(date +%s) - t0 )) s; tables in $OUT/*/results.md ===="

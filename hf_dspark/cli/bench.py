@@ -6,36 +6,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from ..eval.bench import (
-    Method,
-    dspark_methods,
-    identity_failures,
-    load_prompts,
-    markdown_table,
-    plot,
-    run_bench,
-)
-from ..eval.referee import TIE_TOLERANCE
-from ..io.loading import load_target, load_target_and_drafter
-from ..model.drafter import DSparkDrafter
 from . import common
+
+TIE_TOLERANCE = 0.5  # eval.referee.TIE_TOLERANCE
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="DSpark vs plain generate, prompt lookup and the DFlash ablation, side by side")
     p.add_argument("prompts", nargs="+", help="JSONL prompt files ({'turns': [...]})")
-    p.add_argument("--limit", type=int, default=100, help="prompts per file")
+    p.add_argument("--limit", type=common.positive, default=100, help="prompts per file")
     p.add_argument("--holdout", action="store_true",
                    help="only the prompts of training files that training never answers (1 in 20, by id)")
     common.add_target(p)
     common.add_drafter(p)
     p.add_argument("--ablation", help="DFlash-ablation drafter folder (--head none); omitted if not given")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--prompt-lookup", type=int, default=7, help="prompt_lookup_num_tokens (0 = skip)")
+    p.add_argument("--max-new-tokens", type=common.positive, default=256, help="tokens generated per prompt")
+    p.add_argument("--do-sample", action="store_true", help="sample (each method reseeded per prompt) instead of greedy")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --do-sample)")
+    p.add_argument("--prompt-lookup", type=common.non_negative, default=7,
+                   help="prompt_lookup_num_tokens of transformers' prompt lookup (0: skip it)")
     p.add_argument("--policies", default="all,auto+ngram",
                    help="DSpark verify policies to run, comma separated (default: verify-all, the old default, and "
                         "auto+ngram, the library's default): auto, all, scheduler, an int k (static length), "
@@ -45,13 +34,19 @@ def add_parser(sub) -> None:
     p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
                    help="bf16/fp16: largest float32 logit gap at which a greedy mismatch counts as a near-tie")
     common.add_threads(p)
-    p.add_argument("--out", default="out/bench", help="folder for results.json, results.md, plot.png")
+    common.add_output(p, "folder for results.json, results.md, plot.png", default="out/bench")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
+    import torch
+
+    from ..eval.bench import Method, dspark_methods, identity_failures, load_prompts, markdown_table, plot, run_bench
+    from ..io.loading import load_target, load_target_and_drafter
+    from ..model.drafter import DSparkDrafter
+
     common.set_threads(args)
-    device = common.DEFAULT_DEVICE
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tok, drafter, _ = load_target_and_drafter(args.target, args.drafter, args.dtype, device)
     # the referee is loaded from the source in float32 (an upcast bf16 copy would be another model), at the first
     # mismatch only
@@ -66,7 +61,7 @@ def cmd_bench(args) -> int:
     prompts = load_prompts(args.prompts, args.limit, args.holdout)
     res = run_bench(model, tok, methods, prompts, args.max_new_tokens, args.do_sample, args.temperature,
                     referee=referee, tie_tolerance=args.tie_tolerance)
-    out = Path(args.out)
+    out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     table = markdown_table(res)

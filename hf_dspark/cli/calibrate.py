@@ -6,12 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from ..model.deepspec import save_calibration
-from ..model.drafter import DSparkDrafter
-from ..training.calibration import calibrate, collect_rounds, holdout_prompts
-from ..training.trainer import load_target
 from . import common
 
 
@@ -22,18 +16,18 @@ def add_parser(subparsers):
     p.add_argument("--exclude-data", nargs="*", default=[], help="training answers (shard folders or JSONL): their prompts are skipped")
     p.add_argument("--exclude", nargs="*", default=[], help="evaluation JSONL files: refuse overlapping prompts")
     common.add_target(p)
-    p.add_argument("--limit", type=int, default=40, help="number of held-out prompts")
+    p.add_argument("--limit", type=common.positive, default=40, help="number of held-out prompts")
     p.add_argument("--holdout", action="store_true",
                    help="only the 1-in-20 prompts `hf-dspark data` never answers (training/data.py is_holdout)")
-    p.add_argument("--per-file", type=int, default=None, metavar="N",
+    p.add_argument("--per-file", type=common.positive, default=None, metavar="N",
                    help="N prompts from each prompt file (instead of --limit pooled): every source in the mix")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=common.positive, default=128, help="tokens generated per prompt")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature to calibrate for (0 = greedy)")
     p.add_argument("--no-bias", action="store_true",
                    help="fit temperatures only (the paper's STS); default: a temperature and a logit bias per position")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt draw and of sampling")
     common.add_threads(p)
-    p.add_argument("-o", "--output", default=None, help="save the calibrated drafter here instead of in place")
+    common.add_output(p, "save the calibrated drafter here instead of in place")
     p.add_argument("--save-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="dtype of the saved weights (auto: as stored in the input checkpoint)")
     p.set_defaults(func=main)
@@ -41,11 +35,18 @@ def add_parser(subparsers):
 
 
 def main(args) -> int:
+    import torch
+
+    from ..io.loading import load_target
+    from ..model.deepspec import save_calibration
+    from ..model.drafter import DSparkDrafter
+    from ..training.calibration import calibrate, collect_rounds, holdout_prompts
+
     common.set_threads(args)
-    model, tok = load_target(args.target)
+    model, tok = load_target(args.target, torch.float32, "cpu")
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
     if drafter.confidence is None:
-        raise SystemExit("this drafter has no confidence head (head_type 'none'): nothing to calibrate")
+        raise ValueError(f"{args.drafter} has no confidence head (head_type 'none'): nothing to calibrate")
     prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude, args.holdout,
                               args.per_file)
     rounds = collect_rounds(model, tok, drafter, prompts, args.max_new_tokens, args.temperature, args.seed)

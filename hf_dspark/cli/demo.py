@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..demo.session import MAX_NEW_TOKENS
 from . import common
+
+MAX_NEW_TOKENS = 256  # demo.session.MAX_NEW_TOKENS
 
 
 def _env(name: str, default=None):
@@ -20,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--drafter-none", default=_env("DRAFTER_NONE"), help="a drafter with head_type none, for the head control")
     p.add_argument("--tiny", action="store_true", default=_env("DEMO_TINY", "") not in ("", "0"),
                    help="tiny seeded target + drafters built from a config (no download; for tests)")
-    p.add_argument("--tiny-steps", type=int, default=int(_env("DEMO_TINY_STEPS", "150")),
+    p.add_argument("--tiny-steps", type=common.non_negative, default=int(_env("DEMO_TINY_STEPS", "150")),
                    help="training steps of the tiny drafters at startup (0 = random)")
     p.add_argument("--max-new-tokens", type=int, default=int(_env("DEMO_MAX_NEW_TOKENS", str(MAX_NEW_TOKENS))),
                    help="cap on the max-new-tokens control")
@@ -33,12 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def parse_app_args(argv=None) -> argparse.Namespace:
-    return add_arguments(argparse.ArgumentParser(prog="app.py", description="DSpark live demo")).parse_args(argv)
+    args = add_arguments(argparse.ArgumentParser(prog="app.py", description="DSpark live demo")).parse_args(argv)
+    args.device = common.device(args)
+    return args
 
 
 def cmd_demo(args) -> int:
     from ..demo import app  # gradio is an optional dependency (the `demo` extra)
 
+    args.device = common.device(args)
     app.main(args)
     return 0
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..decoding.profile import format_profile, load_profile, measure_profile, profile_key, profile_path
-from ..io.loading import load_target_and_drafter
 from . import common
 
 
@@ -13,18 +11,21 @@ def add_parser(subparsers) -> None:
     common.add_drafter(p, help="drafter folder (default: the shipped drafter; only its shape matters)")
     common.add_dtype(p, default="auto", help="target dtype (auto: as hf-dspark generate picks it)")
     common.add_device(p)
-    common.add_threads(p, help="torch threads (0 = torch's default); part of the key on CPU")
-    p.add_argument("--cache-len", type=int, default=256, help="KV-cache length the forwards run on")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
+    common.add_threads(p, help="torch threads (0: torch's default); part of the key on CPU")
+    p.add_argument("--cache-len", type=common.positive, default=256, help="KV-cache length the forwards run on")
+    p.add_argument("--warmup", type=common.non_negative, default=5, help="untimed forwards per length")
+    p.add_argument("--repeats", type=common.positive, default=20, help="timed forwards per length (median kept)")
     p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
-    p.add_argument("--output", help="also write the profile JSON here")
+    common.add_output(p, "also write the profile JSON here")
     p.set_defaults(func=cmd_profile)
 
 
 def cmd_profile(args) -> int:
+    from ..decoding.profile import format_profile, load_profile, measure_profile, profile_key, profile_path
+    from ..io.loading import load_target_and_drafter
+
     common.set_threads(args)
-    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, args.dtype, args.device)
+    model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, args.dtype, common.device(args))
     path = profile_path(profile_key(model, drafter))
     cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
     if cached is not None:

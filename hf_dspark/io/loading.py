@@ -191,11 +191,23 @@ def load_default_drafter(model):
     return DSparkDrafter.from_pretrained(DEFAULT_DRAFTER, target=model)
 
 
+def existing(path: str | Path, what: str) -> str:
+    """`path` if it is a folder or a plausible Hub id ("org/name"); a path that names no folder (./x, /x, a/b/c) is
+    a FileNotFoundError naming `what`, not the Hub's "Repo id must use alphanumeric chars"."""
+    text = str(path)
+    if Path(text).expanduser().exists():
+        return str(Path(text).expanduser())
+    if text.startswith((".", "/", "~")) or text.count("/") != 1 or "\\" in text:
+        raise FileNotFoundError(f"{what} {text}: no such folder")
+    return text
+
+
 def load_target(target: str | None, dtype: str | torch.dtype, device: str):
     """(model, tokenizer) for a target id/folder (None = embedded SmolLM2), DSpark-enabled, in eval mode; dtype as
     `resolve_dtype` takes it ("auto": `decode_dtype`)."""
     if target is None:
         return load_default_target(dtype=dtype, device=device)
+    target = existing(target, "target")
     dtype = resolve_dtype(dtype, device, model=target)
     return enable(AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()), AutoTokenizer.from_pretrained(target)
 
@@ -204,7 +216,7 @@ def load_target_and_drafter(target: str | None, drafter: str | None, dtype: str 
     """(model, tokenizer, drafter, drafter_description) for a target id/folder (None = embedded SmolLM2)."""
     model, tok = load_target(target, dtype, device)
     if drafter is not None:
-        return model, tok, DSparkDrafter.from_pretrained(drafter, target=model), drafter
+        return model, tok, DSparkDrafter.from_pretrained(existing(drafter, "drafter"), target=model), drafter
     if target is None:
         return model, tok, load_default_drafter(model), "shipped SmolLM2 drafter"
     print("warning: no trained drafter given; using a RANDOM drafter (τ≈1, slower than plain generate). "

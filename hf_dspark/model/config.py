@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .binding import UnsupportedArchitectureError
@@ -305,3 +305,6 @@ class DSparkConfig(PretrainedConfig):
         fields["target_layer_ids"] = default_target_layer_ids(tc.num_hidden_layers)
         fields.update(overrides)
         return cls(**fields)
+
+
+AutoConfig.register("dspark", DSparkConfig, exist_ok=True)  # AutoConfig.from_pretrained reads drafter folders

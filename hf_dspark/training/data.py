@@ -23,10 +23,9 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..io import prompts
-from ..io.loading import load_default_target
+from ..io.loading import load_target
 from .sampler import Job, answer
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -189,7 +188,7 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
         torch.set_num_threads(threads)
     jobs = plan(sources, exclude, seed, temperature, top_p)[:limit]
     skip = done_ids(output)
-    model, tok = _load(model_path, getattr(torch, dtype))
+    model, tok = load_target(model_path, getattr(torch, dtype), "cpu")
     todo = [Job(key, prompts.chat_ids(tok, p["prompt"]), temp, top_p) for key, p, temp in jobs if key not in skip]
     eos = eos_ids(model)
     writer = ShardWriter(output, shard_size)
@@ -214,8 +213,3 @@ def eos_ids(model) -> list[int]:
     eos = model.generation_config.eos_token_id
     return [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
-
-def _load(model_path, dtype):
-    if model_path is None:
-        return load_default_target(dtype=dtype)
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(model_path)

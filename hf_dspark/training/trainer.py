@@ -22,11 +22,9 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
-from ..decoding.routing import enable
-from ..io.loading import load_default_target
+from ..io.loading import load_target
 from ..model.drafter import DSparkDrafter
 from . import checkpoint
 from .anchors import sample_blocks
@@ -42,6 +40,8 @@ logger = logging.get_logger(__name__)
 def load_records(path: str | Path, max_length: int = 512, min_response: int = 2) -> list[dict]:
     """`hf-dspark data` answers (shard folder or JSONL) → [{"id", "ids": prompt+response ids, "n_prompt"}],
     truncated to max_length."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"answers {path}: no such file or folder")
     recs = []
     for r in read_answers(path):
         ids = (r["prompt_ids"] + r["response_ids"])[:max_length]
@@ -333,12 +333,6 @@ def warm_start(drafter: DSparkDrafter, target, layers: list[int]) -> None:
     drafter.norm.load_state_dict(decoder.norm.state_dict())
 
 
-def load_target(path: str | None):
-    if path is None:
-        return load_default_target(dtype=torch.float32)
-    return enable(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()), AutoTokenizer.from_pretrained(path)
-
-
 def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, accelerator=None) -> dict:
     """Train a drafter; returns {"drafter", "history", "final_val"}. `target`/`records` may be passed in
     (tests) instead of loaded from cfg.target / cfg.data."""
@@ -355,7 +349,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     autocast = lambda: torch.autocast(acc.device.type, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     set_seed(cfg.seed)
     if target is None:
-        target, _ = load_target(cfg.target)
+        target, _ = load_target(cfg.target, torch.float32, "cpu")
     target.requires_grad_(False)
     target_dtype = target.dtype
     target.to(acc.device)
@@ -363,7 +357,9 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     records = records if records is not None else load_records(cfg.data, cfg.max_length)
     train_recs, val_recs = split(records, cfg.val_size)
     if not train_recs:
-        raise ValueError(f"no training sequences in {cfg.data}")
+        raise ValueError(f"no training sequences in {cfg.data or 'the records given'}: {len(records)} answers, of which "
+                         f"--val-size {cfg.val_size} (and every answer to their prompts) went to validation; give more "
+                         "answers or a smaller --val-size" if records else f"no answers in {cfg.data}")
     drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
     out = Path(cfg.output_dir)
     state = checkpoint.latest(out)

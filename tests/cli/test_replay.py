@@ -25,7 +25,7 @@ def test_replay_reports_tau_and_ece_with_the_modes_calibration(folders, tmp_path
                                 "response_ids": out[0, len(prompt):].tolist()}) + "\n")
     out = tmp_path / "replay.json"
     argv = ["replay", str(answers), "--mode", "greedy", "--drafter", str(drafter_dir), "--target", str(target_dir),
-            "--max-new-tokens", "24", "--threads", "1", "--out", str(out)]
+            "--max-new-tokens", "24", "--threads", "1", "--output", str(out)]
     assert cli.main(argv) == 0
     entry = json.loads(out.read_text())["results"]["answers.jsonl"][str(drafter_dir)]
     assert entry["sequences"] == 3 and entry["tau"] >= 1.0 and entry["target_argmax_agreement"] == 1.0
