@@ -30,7 +30,11 @@ def main(args) -> int:
     from ..training import data
 
     dtype = str(resolve_dtype(args.dtype, "cpu")).removeprefix("torch.")
-    n = data.run(args.prompts, args.output, args.exclude, args.limit, args.seed, args.slots, args.max_new_tokens,
-                 args.temperature, args.top_p, dtype, args.threads, args.target, args.shard_size)
+    n, stopped = data.run(args.prompts, args.output, args.exclude, args.limit, args.seed, args.slots,
+                          args.max_new_tokens, args.temperature, args.top_p, dtype, args.threads, args.target,
+                          args.shard_size)
+    if stopped:
+        print(f"stopped by a signal: wrote {n} answers to {args.output}; the same command resumes")
+        return 130
     print(f"wrote {n} answers to {args.output}")
     return 0

@@ -85,6 +85,11 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
     if do_sample:
         gen["temperature"] = temperature
     encoded = [chat_inputs(tok, text, model.device)["input_ids"] for _, text in prompts]
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    for (dataset, _), ids in zip(prompts, encoded):  # before any method runs: no baseline may try it either
+        if context is not None and ids.shape[1] + max_new_tokens > context:
+            raise ValueError(f"a {dataset} prompt is {ids.shape[1]} tokens: with --max-new-tokens {max_new_tokens} it "
+                             f"exceeds the target's context of {context}")
 
     def one(m: Method, ids):
         kw = dict(gen, **m.extra)

@@ -188,6 +188,26 @@ def validate_pair(drafter, target) -> None:
     check_placement(drafter, target)
 
 
+# Fields of a drafter's config.json whose type a hand edit can break (checked before transformers reads them).
+_CONFIG_TYPES = {
+    **dict.fromkeys(("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "block_size", "markov_rank", "mask_token_id",
+                     "max_position_embeddings"), "an integer"),
+    "target_layer_ids": "a list of integers",
+    "head_type": "a string",
+    "architectures": "a list of strings",
+}
+
+
+def _is(value, kind: str) -> bool:
+    if kind == "an integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "a string":
+        return isinstance(value, str)
+    item = int if kind == "a list of integers" else str
+    return isinstance(value, list) and all(isinstance(v, item) and not isinstance(v, bool) for v in value)
+
+
 def _check_local_checkpoint(cls, folder: Path) -> None:
     """Compare the safetensors header (names, shapes) with what the folder's config builds, before loading."""
     config_file = folder / "config.json"
@@ -200,6 +220,10 @@ def _check_local_checkpoint(cls, folder: Path) -> None:
         raise ValueError(f"{config_file} is not valid JSON ({e}): an empty or truncated file?") from e
     if not isinstance(raw, dict) or not raw.get("target_layer_ids"):
         raise ValueError(f"{config_file} has no target_layer_ids: it is empty or not a DSpark drafter's config")
+    for field, kind in _CONFIG_TYPES.items():
+        value = raw.get(field)
+        if value is not None and not _is(value, kind):
+            raise ValueError(f"{config_file}: field {field!r} must be {kind}, got {value!r}")
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:

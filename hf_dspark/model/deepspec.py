@@ -119,7 +119,12 @@ def is_deepspec_checkpoint(path, **kwargs) -> bool:
         raw = read_config(path, **kwargs)
     except (OSError, ValueError):
         return False
-    arch = ((raw or {}).get("architectures") or [None])[0]
+    if not isinstance(raw, dict):
+        return False  # not a config at all: the loader names it
+    archs = raw.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"{path}: config field 'architectures' must be a list of class names, got {archs!r}")
+    arch = (archs or [None])[0]
     if arch in _FOREIGN:
         raise DeepSpecFormatError(f"{path} holds {_FOREIGN[arch]} (architectures[0] = {arch!r})")
     return arch in VARIANTS

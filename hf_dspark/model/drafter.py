@@ -330,6 +330,10 @@ class DSparkDrafter(Drafter, PreTrainedModel):
         vocab, lm_rows, w2_rows = weights if weights is not None else self.draft_weights()
         block = draft_block(self.base_logits(h, lm_rows), h, anchor[0, 0], self.head, self.confidence, prefix_ids,
                             processor, do_sample, vocab=vocab, w2=w2_rows, vocab_size=self.config.vocab_size)
+        if do_sample and bool((torch.isnan(block.logits) | torch.isposinf(block.logits)).any()):
+            # q must be a distribution for rejection sampling; greedy drafts need none (the target judges them)
+            raise ValueError(f"the drafter produced NaN/+inf logits at sequence length {prefix_ids.shape[1]} "
+                             "(its weights or the target's hidden states are not finite)")
         if self.confidence is not None:
             block.confidences = self.confidence_probs(block.conf_logits, temperature).cpu()
         return block

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from ..io import prompts
 from ..io.loading import load_target
 from .sampler import Job, answer
+from .signals import StopSignal
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -182,8 +183,9 @@ class ShardWriter:
 def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | None = None, seed: int = 0,
         slots: int = 64, max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
         dtype: str = "bfloat16", threads: int | None = None, model_path: str | None = None,
-        shard_size: int = 1000) -> int:
-    """Answer the planned jobs not yet in the shard folder `output`. Returns answers written."""
+        shard_size: int = 1000) -> tuple[int, bool]:
+    """Answer the planned jobs not yet in the shard folder `output` → (answers written, whether a SIGINT/SIGTERM
+    stopped the run early; rerunning resumes it)."""
     if threads:
         torch.set_num_threads(threads)
     jobs = plan(sources, exclude, seed, temperature, top_p)[:limit]
@@ -194,18 +196,22 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
     writer = ShardWriter(output, shard_size)
     bar = tqdm(total=len(todo), desc="answers", unit="ans")
     written, tokens, t0 = 0, 0, time.perf_counter()
-    try:
-        for job, resp in answer(model, todo, eos, max_new_tokens, slots=slots, prefill_batch=max(1, slots // 8),
-                                seed=seed + len(skip)):
-            writer.write({"id": job.key, "temperature": job.temperature, "top_p": job.top_p if job.temperature else None,
-                          "dtype": dtype, "prompt_ids": job.prompt_ids, "response_ids": resp})
-            written, tokens = written + 1, tokens + len(resp)
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}", tokens=tokens)
-    finally:
-        writer.close()
-        bar.close()
-    return written
+    with StopSignal() as stop:  # SIGINT/SIGTERM: stop after the answer in hand, every written one kept
+        try:
+            for job, resp in answer(model, todo, eos, max_new_tokens, slots=slots, prefill_batch=max(1, slots // 8),
+                                    seed=seed + len(skip)):
+                writer.write({"id": job.key, "temperature": job.temperature,
+                              "top_p": job.top_p if job.temperature else None, "dtype": dtype,
+                              "prompt_ids": job.prompt_ids, "response_ids": resp})
+                written, tokens = written + 1, tokens + len(resp)
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}", tokens=tokens)
+                if stop.received:
+                    break
+        finally:
+            writer.close()
+            bar.close()
+    return written, stop.received
 
 
 def eos_ids(model) -> list[int]:

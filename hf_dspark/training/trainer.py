@@ -14,8 +14,6 @@ import json
 import math
 import os
 import random
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from .data import eos_ids, prompt_of, read_answers
 from .features import FeatureSource, base_model
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
+from .signals import StopSignal
 
 logger = logging.get_logger(__name__)
 
@@ -538,30 +537,6 @@ def _must_stop(acc, t0: float, steps_done: int, limit_min: float | None, signall
         return signalled or late
     # a signal may reach one process only; one scalar all-reduce a step is small beside the gradients' own
     return bool(acc.reduce(torch.tensor(float(signalled or late), device=acc.device), "max") > 0)
-
-
-class StopSignal:
-    """SIGTERM / SIGINT while training: finish the current step, save and return, instead of losing every step
-    since the last checkpoint (`kill <pid>` is how a session hands its CPU back to a benchmark or ends a run).
-    A second signal acts as it did before (Ctrl-C twice interrupts at once)."""
-
-    def __init__(self):
-        self.received, self._old = False, {}
-
-    def __enter__(self) -> "StopSignal":
-        if threading.current_thread() is threading.main_thread():  # only the main thread may install handlers
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.received = True
-        signal.signal(signum, self._old.pop(signum))
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        self._old.clear()
 
 
 def _log(acc, out: Path, rec: dict, bar) -> None:

@@ -153,3 +153,15 @@ def test_holdout_prompts_are_the_ones_training_never_answers(tmp_path):
     assert [t for _, t in held] == [f"prompt {i}" for i in range(200) if is_holdout(f"chat:{i}")]
     trained = {p["prompt"] for _, p, _ in plan([str(path)])}
     assert not trained & {t for _, t in held}
+
+
+def test_a_prompt_past_the_context_is_refused_before_any_method_runs():
+    import pytest
+
+    model = tiny_target()  # context 256
+    calls = []
+    real = model.generate
+    model.generate = lambda *a, **k: calls.append(1) or real(*a, **k)
+    with pytest.raises(ValueError, match=r"a set-a prompt is 300 tokens: with --max-new-tokens 12 it exceeds"):
+        run_bench(model, Tok(), methods(model), [("set-a", "x" * 300)] + PROMPTS, max_new_tokens=12)
+    assert calls == []

@@ -1,5 +1,6 @@
 """io/prompts.py: the one prompt reader (ids, formats, named errors) and the one chat encoder."""
 
+import copy
 import json
 
 import pytest
@@ -32,12 +33,11 @@ def test_a_bad_prompt_file_is_named_with_its_line(tmp_path, content, message):
 
 def test_chat_encoding_is_the_template_with_the_assistant_header(char_tokenizer):
     """Without a chat template: the tokenizer's plain encoding; with one: apply_chat_template's ids."""
-    assert chat_ids(char_tokenizer, "ab c") == char_tokenizer("ab c")["input_ids"]
-    inputs = chat_inputs(char_tokenizer, "ab c")
-    assert inputs["input_ids"].tolist() == [chat_ids(char_tokenizer, "ab c")]
+    tok = copy.deepcopy(char_tokenizer)  # the fixture is shared: other tests give it a template
+    tok.chat_template = None
+    assert chat_ids(tok, "ab c") == tok("ab c")["input_ids"]
+    inputs = chat_inputs(tok, "ab c")
+    assert inputs["input_ids"].tolist() == [chat_ids(tok, "ab c")]
     assert inputs["attention_mask"].tolist() == [[1] * 4]
-    char_tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}.{% endfor %}{{ 'A' }}"
-    try:
-        assert chat_ids(char_tokenizer, "ab") == char_tokenizer("ab.A")["input_ids"]
-    finally:
-        char_tokenizer.chat_template = None
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}.{% endfor %}{{ 'A' }}"
+    assert chat_ids(tok, "ab") == tok("ab.A")["input_ids"]

@@ -213,3 +213,33 @@ def test_non_finite_target_logits_are_named(llama, poison, do_sample):
             llama.generate(PROMPT, max_new_tokens=5, do_sample=do_sample, assistant_model=drafter)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size", "64"), ("target_layer_ids", [0, "2"]), ("architectures", 5),
+                                         ("block_size", 4.0), ("head_type", 3)])
+def test_a_config_field_of_the_wrong_type_is_named(llama, tmp_path, field, value):
+    path = saved(llama, tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg[field] = value
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"'{field}' must be"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+def test_a_config_that_is_not_an_object_is_named(llama, tmp_path):
+    path = saved(llama, tmp_path)
+    (path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a DSpark drafter's config"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+def test_non_finite_drafter_logits_are_named_when_sampling(llama):
+    drafter = drafter_for(llama)
+    handle = drafter.norm.register_forward_hook(lambda m, a, out: out * float("nan"))
+    try:
+        with pytest.raises(ValueError, match=r"the drafter produced NaN/\+inf logits"):
+            llama.generate(PROMPT, max_new_tokens=8, do_sample=True, assistant_model=drafter)
+        plain = llama.generate(PROMPT, max_new_tokens=8, do_sample=False)  # greedy: drafts are only proposals
+        assert llama.generate(PROMPT, max_new_tokens=8, do_sample=False, assistant_model=drafter).tolist() == plain.tolist()
+    finally:
+        handle.remove()
