@@ -67,5 +67,9 @@ def main(args) -> int:
     fields = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
     cfg = TrainConfig(**fields, output_dir=args.output, precision="bf16" if dtype == torch.bfloat16 else "fp32")
     res = train(cfg)
-    print(f"final validation: {res['final_val']}; drafter saved to {checkpoint.latest(Path(args.output)) / 'drafter'}")
+    state = checkpoint.latest(Path(args.output))
+    step = int(state.name.removeprefix(checkpoint.PREFIX))
+    val = res["final_val"]
+    seen = f"validation at step {val['step']}: {val}" if val else "no validation this run"
+    print(f"saved step {step} to {state} (the drafter: {state / 'drafter'}); {seen}")
     return 0

@@ -90,3 +90,19 @@ def test_counts_that_must_be_positive_are_refused_by_argparse(argv, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2 and "must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_train_says_which_step_it_saved_and_which_validation_it_shows(folders, tmp_path, capsys):
+    target, _ = folders
+    answers = tmp_path / "a.jsonl"
+    answers.write_text("".join(json.dumps({"id": f"p:{i}#0", "prompt_ids": [1, 2, 3], "response_ids": [4, 5, 6, 7]})
+                               + "\n" for i in range(12)))
+    argv = ["train", str(answers), "-o", str(tmp_path / "run"), "--target", str(target), "--num-layers", "1",
+            "--markov-rank", "4", "--batch-size", "2", "--num-anchors", "2", "--val-size", "2", "--threads", "1",
+            "--save-every", "0"]
+    assert cli.main(argv + ["--max-steps", "2", "--eval-every", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"saved step 2 to {tmp_path / 'run' / 'checkpoint-2'}" in out and "validation at step 2:" in out
+    assert cli.main(argv + ["--max-steps", "3", "--eval-every", "0"]) == 0  # a resume without validation
+    out = capsys.readouterr().out
+    assert "saved step 3 to" in out and "no validation this run" in out
