@@ -81,6 +81,13 @@ class DSparkGenerationMixin:
             raise NotImplementedError(f"DSpark decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
         mask = kwargs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
+            zeros = (mask[0] == 0).nonzero().flatten().tolist()
+            pad = generation_config.pad_token_id
+            if pad is not None and all(int(input_ids[0, i]) == int(pad) for i in zeros):
+                raise NotImplementedError(
+                    f"the prompt holds the pad token id {pad} at positions {zeros[:8]}, which generate() masks out as "
+                    "padding, and DSpark does not support padded prompts; if they are real tokens, pass "
+                    "attention_mask=torch.ones_like(input_ids)")
             raise NotImplementedError("DSpark does not support padded prompts (attention_mask with zeros)")
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:

@@ -279,6 +279,20 @@ def test_batch_and_padding_are_refused(llama):
         llama.generate(PROMPT, attention_mask=mask, max_new_tokens=5, assistant_model=drafter)
 
 
+def test_a_pad_token_inside_the_prompt_is_named_and_ones_make_it_a_token(llama):
+    """generate() derives a mask from pad_token_id: a prompt holding that id is not 'padded' by the user; the
+    refusal says why, and an explicit all-ones mask gives plain's output."""
+    drafter = drafter_for(llama)
+    pad = int(PROMPT[0, 2])
+    with pytest.raises(NotImplementedError, match=f"holds the pad token id {pad} at positions \\[2\\]"):
+        llama.generate(PROMPT, max_new_tokens=5, pad_token_id=pad, assistant_model=drafter)
+    ones = torch.ones_like(PROMPT)
+    plain = llama.generate(PROMPT, attention_mask=ones, max_new_tokens=8, pad_token_id=pad, do_sample=False)
+    spec = llama.generate(PROMPT, attention_mask=ones, max_new_tokens=8, pad_token_id=pad, do_sample=False,
+                          assistant_model=drafter)
+    assert spec.tolist() == plain.tolist()
+
+
 def test_drafter_bound_to_another_model(llama):
     from hf_dspark import enable
 

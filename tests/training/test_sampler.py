@@ -55,3 +55,12 @@ def test_sample_follows_transformers_top_p(head, temperature, top_p, wrong_top_p
     # negative control: the same test rejects draws from a narrower nucleus
     wrong = sample(logits.expand(n, -1), temperature, wrong_top_p, gen, head=head)
     assert _g_test(torch.bincount(wrong, minlength=40).numpy(), p.numpy()) < 1e-6
+
+
+def test_jobs_are_sorted_by_prompt_length_within_windows_only():
+    from hf_dspark.training.sampler import Job, by_length_in_windows
+
+    jobs = [Job(str(i), [0] * n) for i, n in enumerate([5, 1, 3, 9, 2, 2, 7])]
+    out = by_length_in_windows(jobs, 3)
+    assert [j.key for j in out] == ["1", "2", "0", "4", "5", "3", "6"]  # windows {0,1,2} {3,4,5} {6}, stable
+    assert by_length_in_windows(jobs, 0) == jobs and sorted(j.key for j in out) == sorted(j.key for j in jobs)
