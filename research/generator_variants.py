@@ -39,7 +39,8 @@ def main() -> None:
     jobs = [Job(k, chat_ids(tok, p["prompt"]), t, 1.0) for k, p, t in plan(BROAD, seed=1, temperature=1.0,
                                                                           top_p=1.0)[: args.jobs]]
     eos = eos_ids(model)
-    out = {"cpu": cpu_info()["name"], "threads": args.threads, "dtype": args.dtype, "jobs": args.jobs, "rows": []}
+    cpu = cpu_info()
+    out = {"cpu": {k: cpu[k] for k in ("name", "vendor", "family", "model")}, "threads": args.threads, "dtype": args.dtype, "jobs": args.jobs, "rows": []}
     for v in args.variants.split(","):
         slots, sort = int(v.rstrip("s")), v.endswith("s")
         todo = by_length_in_windows(jobs, 8 * slots) if sort else jobs

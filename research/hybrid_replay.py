@@ -1,5 +1,5 @@
 """Replay a greedy `hf-dspark bench` run offline to compare draft-source policies (how drafter.ngram_drafts's
-n-gram rules were chosen; docs/benchmarks.md, "DSpark + n-gram drafts").
+n-gram rules were chosen; research/record/benchmarks.md, "DSpark + n-gram drafts").
 
 Greedy decoding is lossless, so every method commits the same tokens: the run's output per prompt fixes what
 each round would accept. For every position this script computes the n-gram draft (several rules) and the

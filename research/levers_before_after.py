@@ -1,4 +1,4 @@
-"""Before/after of this round's speed levers, in one process on the same prompts (docs/benchmarks.md).
+"""Before/after of this round's speed levers, in one process on the same prompts (research/record/benchmarks.md).
 
     .venv/bin/python research/levers_before_after.py [--limit 6] [--max-new-tokens 96] [--threads 2] [--out DIR]
 

@@ -7,7 +7,7 @@
 # --dtype auto: bf16 on a CPU with native bf16, float32 elsewhere (bf16 is ~5x slower without it: Zen 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SHARED=${SHARED:-../shared/data}
+SHARED=${SHARED:-data/prompts}
 PY=${PY:-.venv/bin/python}
 THREADS=${THREADS:-1}
 T="$SHARED/train"

@@ -13,7 +13,7 @@ OUT=${OUT:-gpu_bench_out}
 LIMIT=${LIMIT:-8}
 NEW=${NEW:-256}
 DTYPE=${DTYPE:-bfloat16}
-EVAL=${EVAL:-../shared/data/eval}
+EVAL=${EVAL:-data/prompts/eval}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/kernels:${PYTHONPATH:-}"
 unset TRITON_INTERPRET

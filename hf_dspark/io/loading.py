@@ -68,7 +68,7 @@ def decode_dtype(model: str | Path, device: str | torch.device = "cpu") -> tuple
     weight once, so halving the bytes can win where bf16 matmuls are emulated, while a prefill is compute-bound and
     loses there: on a Zen 3 EPYC without AVX-512 a SmolLM2 step took 49 ms in bf16 against 69 in float32 and the
     256-token prefill 4.2 s against 0.84, so the reference request came out only 9.7 % faster in bf16 and float32
-    stayed (docs/benchmarks.md). Batched work (answer generation, training) is
+    stayed (research/record/benchmarks.md). Batched work (answer generation, training) is
     compute-bound and keeps `auto_dtype`'s ISA rule. Off the CPU: `auto_dtype`."""
     device = torch.device(device)
     if device.type != "cpu":

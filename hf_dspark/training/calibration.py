@@ -6,7 +6,7 @@ position (k = 1..γ, earlier positions fixed) a grid search picks T_k, and a bia
 cumulative prediction â_k = Π_{i≤k} σ(z_i / T_i + b_i) against y_k. The bias is ours, not the paper's: the
 head's label is the T = 1 survival of drafts on the training answers' contexts, and where a call's law differs
 (greedy; T = 1 on the noisier contexts its own samples make) the head is off by a shift, which a temperature,
-stretching logits around 0, cannot undo (docs/benchmarks.md). Both maps are monotone, so the ranking of scores
+stretching logits around 0, cannot undo (research/record/benchmarks.md). Both maps are monotone, so the ranking of scores
 (AUROC) at each position is unchanged.
 
 Shapes: R rounds, γ positions. `z`, `y`, `valid` are [R, γ]; `valid` marks positions that were verified

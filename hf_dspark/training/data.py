@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..io import prompts
 from ..io.loading import load_target
-from .sampler import Job, answer
+from .sampler import Job, answer, by_length_in_windows
 from .signals import StopSignal
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -192,6 +192,7 @@ def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | N
     skip = done_ids(output)
     model, tok = load_target(model_path, getattr(torch, dtype), "cpu")
     todo = [Job(key, prompts.chat_ids(tok, p["prompt"]), temp, top_p) for key, p, temp in jobs if key not in skip]
+    todo = by_length_in_windows(todo, 8 * slots)  # rows of similar length waste less attention and prefill padding
     eos = eos_ids(model)
     writer = ShardWriter(output, shard_size)
     bar = tqdm(total=len(todo), desc="answers", unit="ans")

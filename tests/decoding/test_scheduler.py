@@ -129,7 +129,7 @@ def test_envelope_never_loses_to_the_raw_walk(seed):
 
 
 # ---- drafting only what can be verified ------------------------------------------------------------------------
-SMOLLM2_2T = [48.5, 55.8, 59.8, 96.0, 97.4, 94.8, 114.3, 114.9]  # `hf-dspark profile --threads 2`, docs/benchmarks.md
+SMOLLM2_2T = [48.5, 55.8, 59.8, 96.0, 97.4, 94.8, 114.3, 114.9]  # `hf-dspark profile --threads 2`, research/record/benchmarks.md
 
 
 def test_max_verified_on_the_measured_cpu_curve():
