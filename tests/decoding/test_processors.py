@@ -197,3 +197,34 @@ def test_sampling_with_a_counter_follows_the_target_law():
             for _ in range(N)]
     p = fit_pvalue(np.array(seqs), exact)
     assert p >= ALPHA, f"samples under a call counter deviate from the target's law (p={p:.2e})"
+
+
+class GuidanceOracle(LogitsProcessor):
+    """UnbatchedClassifierFreeGuidanceLogitsProcessor without state, for batched prefixes: its unconditional pass
+    sees the prompt's last token and every token generated since."""
+
+    def __init__(self, model, scale: float, prompt_len: int):
+        self.model, self.scale, self.prompt_len = model, scale, prompt_len
+
+    @torch.no_grad()
+    def __call__(self, input_ids, scores):
+        cond = torch.log_softmax(scores, dim=-1)
+        uncond = torch.log_softmax(self.model(input_ids[:, self.prompt_len - 1:]).logits[:, -1].float(), dim=-1)
+        return self.scale * (cond - uncond) + uncond
+
+
+def test_sampling_with_guidance_scale_follows_the_target_law():
+    model, drafter = _sampling_setup()
+    exact = exact_distribution(model, SMALL_PROMPT, STEPS,
+                               LogitsProcessorList([GuidanceOracle(model, 4.0, SMALL_PROMPT.shape[1])]))
+    torch.manual_seed(123)
+    seqs = [model.generate(SMALL_PROMPT, do_sample=True, max_new_tokens=STEPS, min_new_tokens=STEPS,
+                           assistant_model=drafter, guidance_scale=4.0)[0, 3:].tolist() for _ in range(N)]
+    assert any(r.verified > r.accepted for r in drafter.last_stats.rounds)
+    p = fit_pvalue(np.array(seqs), exact)
+    assert p >= ALPHA, f"samples under guidance_scale deviate from the target's law (p={p:.2e})"
+    with no_rollback():  # the same test rejects a verifier that keeps the unconditional pass's rejected tokens
+        torch.manual_seed(123)
+        wrong = [model.generate(SMALL_PROMPT, do_sample=True, max_new_tokens=STEPS, min_new_tokens=STEPS,
+                                assistant_model=drafter, guidance_scale=4.0)[0, 3:].tolist() for _ in range(N)]
+    assert fit_pvalue(np.array(wrong), exact) < ALPHA
