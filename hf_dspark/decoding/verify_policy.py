@@ -109,8 +109,9 @@ class VerifyPolicy:
         return cls(drafter.options.verify_policy, drafter, target, temperature)
 
     def _carried_gate(self, target, temperature: float | None) -> DraftGate | None:
-        """Greedy calls share one DraftGate per (drafter, target, policy, profile): a call starts where the last one
-        left it instead of paying its probes again. Output is unchanged (a gate only decides what to verify, never
+        """Greedy calls share one DraftGate per (drafter, target, policy, profile): a call starts with the averages
+        the last one left instead of paying its ramp again, and a closed gate probes once at the call's start (a wait
+        grown on earlier prompts must not keep a prompt that pays from being tried). Output is unchanged (a gate only decides what to verify, never
         what is committed). Sampled calls each start from the calibration prior: there the gate's decisions steer how
         the random stream is consumed, so carrying it would make a seed give another output on a second call."""
         if temperature != 0:
@@ -120,7 +121,9 @@ class VerifyPolicy:
         key = (id(target), repr(self.spec), repr(self.profile.key), tuple(self.profile.verify_time), prior)
         if key not in gates:
             gates[key] = DraftGate(self.profile.verify_time, self.profile.round_overhead, prior=prior)
-        return gates[key]
+        gate = gates[key]
+        gate.skipped = gate.wait  # a closed gate probes once at a call's start: this prompt may pay where the last did not
+        return gate
 
     def _gate_prior(self, temperature: float | None) -> tuple[float, int] | None:
         """(accepted drafts, verified drafts) of a drafted round as this policy would run it, from the survival the
