@@ -461,6 +461,8 @@ def test_greedy_calls_carry_the_gate_and_sampled_calls_stay_reproducible():
         out = model.generate(P, do_sample=False, max_new_tokens=40, assistant_model=drafter)
         assert out.tolist() == plain.tolist()
         drafted.append(drafter.last_stats.drafted_rounds)
+        first = next(r for r in drafter.last_stats.rounds if r.source == "dspark")
+        assert first.drafted > 0  # a closed shared gate probes at the call's start: this prompt may pay
     assert drafted[1] < drafted[0] and drafted[2] <= drafted[1], drafted
     sampled = []
     for _ in range(2):
