@@ -1,4 +1,4 @@
-"""DeviceProfile: what one round costs on this device, measured, for the scheduler (method §6.3, §9.3).
+"""DeviceProfile: what one round costs on this device, measured, for the scheduler.
 
 A profile holds, for one (target, drafter shape, dtype, device, torch) combination:
   verify_time [γ+1]  median seconds of a target verification forward of 1..γ+1 new tokens on a KV cache of
@@ -6,7 +6,7 @@ A profile holds, for one (target, drafter shape, dtype, device, torch) combinati
   draft_time         median seconds of one drafter round (context ingest + backbone + sequential head) as the
                      scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
   rollback_time      median seconds of cropping the target cache back after a verification.
-The measured curve is used as is: on CPU in fp32 it is not monotone (transformers-integration.md §7), so no
+The measured curve is used as is: on CPU in fp32 it is not monotone, so no
 smooth cost model would do. Profiles are cached as JSON under `cache.cache_dir()/profiles/`, keyed by
 `ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
 """

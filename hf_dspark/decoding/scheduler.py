@@ -1,4 +1,4 @@
-"""The prefix scheduler: how many of the drafted tokens are worth verifying (method §6.3-6.4).
+"""The prefix scheduler: how many of the drafted tokens are worth verifying.
 
 Pure functions over confidences and cost tables, no model code. Notation: R requests, γ drafted positions,
 c [R, γ] the calibrated *conditional* survival c_k = P(x_k accepted | x_1..x_{k-1} accepted), a = cumprod(c)
@@ -61,7 +61,7 @@ def greedy_admission(conf: torch.Tensor, sps_table: Sequence[float]) -> list[int
         if theta > theta_best:
             theta_best, best = theta, list(lengths)
         else:
-            break  # REQUIRED: looking past this point would let x_k-dependent values decide about x_k (§6.4)
+            break  # REQUIRED: looking past this point would let x_k-dependent values decide about x_k (docs/scheduler.md)
     return best
 
 
@@ -113,7 +113,7 @@ def best_prefix_length(conf: Sequence[float], step_time: Sequence[float], draft_
     (draft_time + T*(1+ℓ)) on the monotone envelope, then padded like `single_stream_length`. Algorithm 1's early
     stop exists because a drafter's c_{k+1} reads x_k; here no c reads any draft, so looking past a dip (a 2-token
     forward dearer per token than a 5-token one, as small-batch CPU matmuls can be) biases nothing. → ℓ in 0..n.
-    On a drafter's confidences this is the §6.4 look-ahead search, which is biased: the tests' negative control."""
+    On a drafter's confidences this is the look-ahead search, which is biased: the tests' negative control."""
     a = survival(torch.as_tensor(conf, dtype=torch.float64).reshape(-1)).tolist()
     n = len(a)
     if len(step_time) < n + 1:

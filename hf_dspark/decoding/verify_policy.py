@@ -9,8 +9,8 @@ its signature:
     drafter.verify_policy = "all"              # verify every drafted token (fixed length γ; can be slower
                                                # than plain generate: nothing gates it)
     drafter.verify_policy = 3                  # static length: verify min(3, drafted) tokens (0 allowed)
-    drafter.verify_policy = ("threshold", .5)  # up to the first position whose calibrated c_k < 0.5 (§4.4)
-    drafter.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile (§6.3),
+    drafter.verify_policy = ("threshold", .5)  # up to the first position whose calibrated c_k < 0.5
+    drafter.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile,
                                                # which also skips drafting while drafts do not pay (DraftGate)
     drafter.device_profile = profile           # optional: the DeviceProfile to use (else the cached one for
                                                # this target/device, measured once on first use)

@@ -1,7 +1,7 @@
 """DeepSpec DSpark / DFlash checkpoints (`deepseek-ai/dspark_*_block7`, `dflash_*_block7`): import and export.
 
 The on-disk format (one `model.safetensors` or an index + shards, and a `config.json` that is the target's text
-config plus DSpark fields) is specified in /work/shared/design/deepspec-checkpoints.md; user docs: docs/deepspec.md.
+config plus DSpark fields) is described in docs/deepspec.md.
 Our drafter's modules carry DeepSpec's names, so `KEY_TABLE` is the identity except for the two tensors DeepSpec
 stores as copies of the target's (`embed_tokens`, `lm_head`): we check them against the bound target and drop
 them. Strict: a missing or unexpected key, a wrong shape, or a config value that disagrees with a tensor shape is a
@@ -213,7 +213,7 @@ def config_from_deepspec(raw: dict) -> DSparkConfig:
         kv_field = "num_global_key_value_heads" if k_eq_v else "num_key_value_heads"
         _require(raw, [kv_field], f" (Gemma4, attention_k_eq_v={k_eq_v})")
         rope = raw["rope_parameters"].get("full_attention") if isinstance(raw["rope_parameters"], dict) else None
-        if rope is None:  # §2.5: only the full_attention entry counts; the top-level pair is an artefact
+        if rope is None:  # DeepSpec format: only the full_attention entry counts; the top-level pair is an artefact
             raise DeepSpecFormatError("Gemma4 rope_parameters has no 'full_attention' entry")
         geometry = dict(head_dim=raw["global_head_dim"], num_key_value_heads=raw[kv_field],
                         hidden_act=raw["hidden_activation"], attention_k_eq_v=k_eq_v, target_model_type=None)
@@ -482,7 +482,7 @@ def to_deepspec_config(drafter, dtype: torch.dtype) -> dict:
             raw["per_layer_config"] = {str(i): dict(entry) for i in range(c.num_hidden_layers)}
         target_rope = dict(getattr(tc, "rope_parameters", None) or {})
         raw["rope_parameters"] = {**target_rope, "full_attention": copy.deepcopy(c.rope_parameters),
-                                  "rope_type": "default", "rope_theta": None}  # §2.5: what DeepSpec writes
+                                  "rope_type": "default", "rope_theta": None}  # what DeepSpec writes
     else:
         raw.update(head_dim=c.head_dim, num_key_value_heads=c.num_key_value_heads, hidden_act=c.hidden_act,
                    rope_parameters=copy.deepcopy(c.rope_parameters))

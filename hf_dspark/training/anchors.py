@@ -1,4 +1,4 @@
-"""Random anchors inside the response and the teacher-forced blocks they define (§5.3, §8.1–8.2, §8.12–8.13).
+"""Random anchors inside the response and the teacher-forced blocks they define.
 
 Slot j (0-based) of the block anchored at position a sits at position a+j, holds x_a (j=0) or MASK, and
 predicts token a+j+1; its target distribution is LMHead(last_hidden[a+j]) and its Markov previous token is

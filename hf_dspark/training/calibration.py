@@ -1,4 +1,4 @@
-"""Sequential temperature scaling (STS) of the confidence head (§4.3), behind `hf-dspark calibrate`.
+"""Sequential temperature scaling (STS) of the confidence head, behind `hf-dspark calibrate`.
 
 From rounds of real, fixed-length speculative decoding on held-out prompts we take, per drafted position k,
 the raw confidence logit z_k and the prefix-survival label y_k = 1[first k drafts all accepted]. Position by

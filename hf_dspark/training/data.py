@@ -1,4 +1,4 @@
-"""`hf-dspark data`: regenerate answers to training prompts with the target itself (§5.1, §9.2).
+"""`hf-dspark data`: regenerate answers to training prompts with the target itself.
 
 The drafter must learn the target's own distribution, so original answers are discarded and each prompt
 is answered by the target through its chat template, N times per prompt for a source given as `path:N`

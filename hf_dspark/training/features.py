@@ -1,4 +1,4 @@
-"""Frozen-target features for training, through the same channel as inference (§5.2, §8.7–8.8).
+"""Frozen-target features for training, through the same channel as inference.
 
 Tapped features are the raw outputs of the tapped layers, read exactly as the candidate generator reads
 them at inference (`output_hidden_states=[i+1 for i in taps]`, then `hidden_states[i+1]`); the target

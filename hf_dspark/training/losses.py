@@ -1,4 +1,4 @@
-"""DSpark losses (§4.2, §5.4): 0.1·CE + 0.9·L1(draft, target) + 1.0·confidence BCE, position-weighted means.
+"""DSpark losses: 0.1·CE + 0.9·L1(draft, target) + 1.0·confidence BCE, position-weighted means.
 
 All softmaxes at temperature 1 in float32. L1 is the full Σ|p^d − p^t| (2·TV, no ½). The confidence label
 c* = 1 − ½·L1 (the probability a draft from p^d is accepted against p^t) is detached; the confidence

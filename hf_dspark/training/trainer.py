@@ -1,10 +1,10 @@
-"""`hf-dspark train`: train a DSpark drafter for a frozen target on target-regenerated data (§5).
+"""`hf-dspark train`: train a DSpark drafter for a frozen target on target-regenerated data.
 
 Built on `accelerate`: the same command runs single-process or under `accelerate launch` (each process takes
 its share of every global batch; loss denominators are all-reduced, so gradients equal the single-process
 ones on the same global batch). AdamW, linear warmup + cosine, global-norm clipping, safetensors drafter
 checkpoints, resumable from `<out>` (safetensors and JSON only) over a training stream that may grow between
-sessions (`DataPlan`), and simulated τ on a held-out validation split.
+resumes (`DataPlan`), and simulated τ on a held-out validation split.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def split(records: list[dict], val_size: int) -> tuple[list[dict], list[dict]]:
 
 
 class DataPlan:
-    """Epochs over a training stream that grows between sessions (an answer job still appending shards).
+    """Epochs over a training stream that grows between runs (an answer job still appending shards).
 
     Epoch e shuffles the first `size_e` records, `size_e` being the stream's length when the epoch began, so
     a resumed run sees the batches the uninterrupted one saw; the next epoch takes in whatever the stream holds
@@ -219,7 +219,7 @@ class TrainConfig:
 _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_size", "batch_size", "num_anchors",
                   "lr", "weight_decay", "warmup", "epochs", "max_length", "val_size", "seed", "warm_start",
                   "draft_vocab", "same_data_as", "init_from")
-# (not precision: a run that spans sessions may land on a CPU without native bf16; not max_steps: another total on
+# (not precision: a run that is resumed elsewhere may land on a CPU without native bf16; not max_steps: another total on
 # a resume re-plans the rest of the schedule, `_plan`)
 
 
