@@ -499,32 +499,28 @@ def _check_same_run(state: Path, cfg: TrainConfig) -> None:
                          "or use a new --output-dir")
 
 
-def _logged_steps(out: Path) -> list[int]:
+def _metric_lines(out: Path) -> list[tuple[int, str]]:
+    """(step, line) of each readable record in `<out>/metrics.jsonl` (a line cut by a kill is skipped)."""
     path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
         try:
-            steps.append(int(json.loads(line)["step"]))
+            records.append((int(json.loads(line)["step"]), line))
         except (ValueError, KeyError, TypeError):
-            pass  # a line cut by a kill
-    return steps
+            pass
+    return records
+
+
+def _logged_steps(out: Path) -> list[int]:
+    return [step for step, _ in _metric_lines(out)]
 
 
 def _keep_metrics(out: Path, step: int) -> None:
     """Rewrite metrics.jsonl with the records up to `step` only (0 for a fresh run)."""
     path = out / "metrics.jsonl"
     if path.is_file():
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                if int(json.loads(line)["step"]) <= step:
-                    kept.append(line)
-            except (ValueError, KeyError, TypeError):
-                pass
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(line + "\n" for s, line in _metric_lines(out) if s <= step))
         os.replace(tmp, path)
 
 
