@@ -47,6 +47,12 @@ class _LowRank(nn.Module):
         """u [..., r] → B = W2·u [..., V], or through `w2` [V', r] (rows of W2 for a pruned vocabulary) → [..., V']."""
         return self.W2(u) if w2 is None else nn.functional.linear(u.to(w2.dtype), w2)
 
+    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None, w2: torch.Tensor | None = None):
+        """prev_ids [...], h [..., d] → (bias [..., V] (V' with `w2`), prev embedding W1[prev] [..., r], state):
+        each head's `pre_bias`, then the shared projection."""
+        u, e, state = self.pre_bias(prev_ids, h, state)
+        return self.bias(u, w2), e, state
+
 
 class MarkovHead(_LowRank):
     """B_k = W2 · W1[x_{k-1}]: a rank-r first-order transition bias. Stateless."""
@@ -61,11 +67,6 @@ class MarkovHead(_LowRank):
         """prev_ids [...], h [..., d] → (u [..., r] with B = W2·u, prev embedding W1[prev] [..., r], state)."""
         e = self.W1(prev_ids)
         return e, e, state
-
-    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None, w2: torch.Tensor | None = None):
-        """prev_ids [...], h [..., d] → (bias [..., V] (V' with `w2`), prev embedding W1[prev] [..., r], state)."""
-        u, e, state = self.pre_bias(prev_ids, h, state)
-        return self.bias(u, w2), e, state
 
     def block(self, prev_ids: torch.Tensor, h: torch.Tensor, w2: torch.Tensor | None = None):
         """Teacher-forced, all positions at once: prev_ids [B, γ], h [B, γ, d] → bias [B, γ, V], emb [B, γ, r]."""
@@ -90,7 +91,6 @@ class GatedMarkovHead(_LowRank):
         gate = torch.sigmoid(self.gate_proj(torch.cat([h, e.to(h.dtype)], dim=-1)))
         return gate * e, e, state
 
-    step = MarkovHead.step
     block = MarkovHead.block
 
 
@@ -115,10 +115,6 @@ class RNNHead(_LowRank):
         gate = torch.sigmoid(g)
         new_state = gate * state + (1 - gate) * torch.tanh(c)
         return torch.tanh(o), e, new_state
-
-    def step(self, prev_ids: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None, w2: torch.Tensor | None = None):
-        u, e, state = self.pre_bias(prev_ids, h, state)
-        return self.bias(u, w2), e, state
 
     def block(self, prev_ids: torch.Tensor, h: torch.Tensor, w2: torch.Tensor | None = None):
         state, biases, embs = None, [], []
