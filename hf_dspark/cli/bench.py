@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     common.add_target(p)
     common.add_drafter(p)
     p.add_argument("--ablation", help="DFlash-ablation drafter folder (--head none); omitted if not given")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time plain generate with a static cache and torch.compile (its compile time, on the "
+                        "warm-up call, is reported apart)")
     p.add_argument("--max-new-tokens", type=common.positive, default=256, help="tokens generated per prompt")
     p.add_argument("--do-sample", action="store_true", help="sample (each method reseeded per prompt) instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --do-sample)")
@@ -41,7 +44,8 @@ def add_parser(sub) -> None:
 def cmd_bench(args) -> int:
     import torch
 
-    from ..eval.bench import Method, dspark_methods, identity_failures, load_prompts, markdown_table, plot, run_bench
+    from ..eval.bench import (Method, dspark_methods, identity_failures, load_prompts, markdown_table, plot,
+                              run_bench, static_compiled)
     from ..io.loading import load_target, load_target_and_drafter
     from ..model.drafter import DSparkDrafter
 
@@ -55,6 +59,8 @@ def cmd_bench(args) -> int:
     methods = [Method("plain")]
     if args.prompt_lookup:
         methods.append(Method(f"prompt-lookup-{args.prompt_lookup}", {"prompt_lookup_num_tokens": args.prompt_lookup}))
+    if args.compiled:
+        methods.append(static_compiled(model))
     if args.ablation:
         methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
     methods += dspark_methods(args.policies, drafter)
@@ -68,6 +74,8 @@ def cmd_bench(args) -> int:
     (out / "results.md").write_text(table + "\n")
     plot(res, out / "plot.png")
     print(table)
+    print("first (warm-up) call per method, seconds, compiling included: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in res["warmup_seconds"].items()))
     bad = {n: identity_failures(e["all"]) for n, e in res["methods"].items() if identity_failures(e["all"])}
     if bad:
         print(f"\n!!! GREEDY MISMATCH against plain generate: {bad} (prompt indices) !!!")

@@ -35,14 +35,29 @@ from .referee import TIE_TOLERANCE, judge_divergence
 
 @dataclass
 class Method:
-    """A way to generate: `extra` are generate() kwargs; `drafter` (optional) with its `policy`, and whether it
-    takes n-gram drafts when it can (`ngram`: drafter.ngram_drafts)."""
+    """A way to generate: `extra` are generate() kwargs; `fresh(longest)` (optional) makes kwargs that must be new
+    at every call (a static cache of `longest` = the longest prompt + max_new_tokens positions); `drafter`
+    (optional) with its `policy`, and whether it takes n-gram drafts when it can (`ngram`: drafter.ngram_drafts)."""
 
     name: str
     extra: dict = field(default_factory=dict)
     drafter: object | None = None
     policy: object = "all"
     ngram: bool = False
+    fresh: Callable[[int], dict] | None = None
+
+
+def static_compiled(model, mode: str = "default") -> Method:
+    """Plain generate with a static KV cache and the forward compiled by torch.compile (transformers' speed
+    recipe; its CompileConfig, allowed on every device): the cache is sized once for the whole benchmark, so the
+    decode step compiles once, on the warm-up call."""
+    from transformers import StaticCache
+    from transformers.generation import CompileConfig
+
+    config = CompileConfig(dynamic=False, mode=mode)
+    config._compile_all_devices = True  # transformers compiles on CUDA only unless told otherwise
+    return Method("plain-static-compiled", {"compile_config": config},
+                  fresh=lambda longest: {"past_key_values": StaticCache(config=model.config, max_cache_len=longest)})
 
 
 def load_prompts(paths: list[str], limit: int | None, holdout: bool = False) -> list[tuple[str, str]]:
@@ -91,8 +106,10 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
             raise ValueError(f"a {dataset} prompt is {ids.shape[1]} tokens: with --max-new-tokens {max_new_tokens} it "
                              f"exceeds the target's context of {context}")
 
+    longest = -(-(max(ids.shape[1] for ids in encoded) + max_new_tokens) // 256) * 256
+
     def one(m: Method, ids):
-        kw = dict(gen, **m.extra)
+        kw = dict(gen, **m.extra, **(m.fresh(longest) if m.fresh else {}))
         if m.drafter is not None:
             m.drafter.verify_policy, m.drafter.ngram_drafts = m.policy, m.ngram
             kw["assistant_model"] = m.drafter
@@ -100,9 +117,10 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
         out = model.generate(ids, **kw)
         return out, time.perf_counter() - t0
 
-    for ids in encoded[:warmup]:  # first-call costs (allocations, profile measurement) stay out of the numbers
+    first_calls: dict[str, float] = {}  # first-call costs (allocations, profile, compiling) stay out of the numbers
+    for ids in encoded[:warmup]:
         for m in methods:
-            one(m, ids)
+            first_calls[m.name] = first_calls.get(m.name, 0.0) + one(m, ids)[1]
 
     rows = []
     for i, ids in enumerate(tqdm(encoded, desc="bench prompts")):
@@ -128,6 +146,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
                 if not row["identical"]:
                     row["divergence"] = judge_divergence(outs[base], out, ids.shape[1], referee_model(), tie_tolerance)
     res = summarize(rows, methods, base, prompts, model, gen)
+    res["warmup_seconds"] = first_calls
     if not do_sample:
         res["settings"]["identity"] = ({"referee": "float32", "tie_tolerance": tie_tolerance} if referee is not None
                                        else "token for token")

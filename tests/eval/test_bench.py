@@ -165,3 +165,15 @@ def test_a_prompt_past_the_context_is_refused_before_any_method_runs():
     with pytest.raises(ValueError, match=r"a set-a prompt is 300 tokens: with --max-new-tokens 12 it exceeds"):
         run_bench(model, Tok(), methods(model), [("set-a", "x" * 300)] + PROMPTS, max_new_tokens=12)
     assert calls == []
+
+
+def test_the_static_compiled_peer_runs_and_matches_plain(tmp_path):
+    """Plain generate with a static cache and torch.compile: same greedy tokens as plain; its first call (the
+    compile) is reported apart from the timed runs."""
+    from hf_dspark.eval.bench import static_compiled
+
+    model = tiny_target(layers=1, hidden=16, heads=2, kv_heads=1)
+    res = run_bench(model, Tok(), [Method("plain"), static_compiled(model)], PROMPTS[:2], max_new_tokens=6, warmup=1)
+    assert res["methods"]["plain-static-compiled"]["all"]["mismatches"] == []
+    assert set(res["warmup_seconds"]) == {"plain", "plain-static-compiled"}
+    assert res["warmup_seconds"]["plain-static-compiled"] > res["warmup_seconds"]["plain"]  # it compiled there
