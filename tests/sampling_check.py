@@ -58,8 +58,7 @@ def exact_distribution(model, prompt: torch.Tensor, steps: int, procs: LogitsPro
 
 
 def sample_counts(model, drafter, prompt, steps: int, n: int, seed: int, **gen) -> np.ndarray:
-    """Counts of each position's token over `n` speculative generations: array [steps, V]; and the pairs."""
-    V = model.config.vocab_size
+    """The tokens of `n` speculative generations of exactly `steps` tokens: array [n, steps]."""
     torch.manual_seed(seed)
     seqs = []
     for _ in range(n):
