@@ -77,7 +77,7 @@ def time_methods(model, drafter, prompts: list[dict], gen: dict, repeats: int = 
 
     from ..decoding.verify_policy import VerifyPolicy
 
-    VerifyPolicy.for_drafter(drafter, model)  # resolves, and if needed measures, the profile now
+    VerifyPolicy.for_call(drafter, model)  # resolves, and if needed measures, the profile now
     warm = dict(gen, max_new_tokens=min(32, gen["max_new_tokens"]))
     for _ in range(warmup):
         model.generate(**prompts[0], **warm)
@@ -177,7 +177,7 @@ def cmd_generate(args) -> int:
     dt = str(model.dtype).removeprefix("torch.")
     print(f"target: {args.target or 'SmolLM2-135M-Instruct (embedded)'} [{dt}{dtype_note}, {model.device}]; "
           f"drafter: {what}", file=sys.stderr)
-    VerifyPolicy.for_drafter(drafter, model)  # the device profile: measured once per machine, before any timing
+    VerifyPolicy.for_call(drafter, model)  # the device profile: measured once per machine, before any timing
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p) if args.do_sample \
         else dict(do_sample=False)
     gen = dict(max_new_tokens=args.max_new_tokens, **sampling)

@@ -15,6 +15,7 @@ from transformers.generation import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .ngram import NgramIndex
+from .options import DecodingOptions
 from .processors import DSparkLogitsProcessor, guard
 from .stats import DSparkStats, Round
 from .verify_policy import VerifyPolicy
@@ -29,8 +30,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     requires_model_outputs = True
 
-    def __init__(self, target, drafter, generation_config: GenerationConfig, logits_processor):
+    def __init__(self, target, drafter, generation_config: GenerationConfig, logits_processor,
+                 options: DecodingOptions | None = None):
+        """options: this call's DecodingOptions (default: the drafter's `options`)."""
         self.target, self.drafter = target, drafter
+        options = drafter.options if options is None else options
         cfg = drafter.config
         self.taps = list(cfg.target_layer_ids)
         # Only the tapped layers are materialised; if the user asked for all hidden states, keep them all.
@@ -57,8 +61,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.stats = DSparkStats(block_size=cfg.block_size)
         self.temperature = (generation_config.temperature if generation_config.temperature is not None else 1.0) \
             if self.do_sample else 0.0
-        self.verify_policy = VerifyPolicy.for_drafter(drafter, target, self.temperature)  # resolved once per call
-        self.ngrams = NgramIndex() if drafter.options.ngram_drafts else None
+        self.verify_policy = VerifyPolicy.for_call(drafter, target, options, self.temperature)  # resolved once per call
+        self.ngrams = NgramIndex() if options.ngram_drafts else None
         drafter.last_stats = self.stats
 
     @torch.no_grad()

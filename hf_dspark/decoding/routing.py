@@ -12,6 +12,7 @@ internals differ. Stop strings and custom stopping criteria are made exact here 
 from __future__ import annotations
 
 import inspect
+from contextvars import ContextVar
 
 import torch
 import transformers
@@ -25,6 +26,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .candidate import DSparkCandidateGenerator
+from .options import DecodingOptions
 
 
 class Drafter:
@@ -62,10 +64,29 @@ def check_transformers() -> None:
             )
 
 
+# The options of the generate() call in progress (this thread / task), when the caller passed dspark_options=.
+_CALL_OPTIONS: ContextVar[DecodingOptions | None] = ContextVar("dspark_options", default=None)
+
+
 class DSparkGenerationMixin:
     """Routes `generate(assistant_model=<DSparkDrafter>)` to DSparkCandidateGenerator."""
 
     _is_dspark_enabled = True
+
+    def generate(self, *args, dspark_options: DecodingOptions | None = None, **kwargs):
+        """transformers' generate, plus `dspark_options`: the DecodingOptions of this call (default: the drafter's
+        own `options`), so callers that share a drafter never change it to run a call differently."""
+        if dspark_options is None:
+            return super().generate(*args, **kwargs)
+        if not isinstance(dspark_options, DecodingOptions):
+            raise ValueError(f"dspark_options must be a hf_dspark.DecodingOptions, got {type(dspark_options).__name__}")
+        if not isinstance(kwargs.get("assistant_model"), Drafter):
+            raise ValueError("dspark_options= applies to DSpark decoding only: pass assistant_model=<a DSpark drafter>")
+        token = _CALL_OPTIONS.set(dspark_options)
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            _CALL_OPTIONS.reset(token)
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
         drafter = generation_mode_kwargs.get("assistant_model")
@@ -118,7 +139,8 @@ class DSparkGenerationMixin:
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
         if isinstance(assistant_model, Drafter):
-            return DSparkCandidateGenerator(self, assistant_model, generation_config, logits_processor)
+            options = _CALL_OPTIONS.get() or assistant_model.options
+            return DSparkCandidateGenerator(self, assistant_model, generation_config, logits_processor, options)
         return super()._get_candidate_generator(generation_config, input_ids, inputs_tensor, logits_processor,
                                                 model_kwargs, assistant_model, target_tokenizer, assistant_tokenizer)
 

@@ -1,7 +1,7 @@
 """How many of a round's drafts go to verification: the drafter-level knob `drafter.verify_policy`.
 
-Options live on the drafter (transformers keeps assistant options on the assistant), so `generate()` keeps
-its signature:
+The drafter carries its default options (transformers keeps assistant options on the assistant); one call can
+pass others, `generate(..., dspark_options=DecodingOptions(...))`, without changing the drafter (routing.py):
 
     drafter.verify_policy = "auto"             # default: "scheduler" below where the drafter has a confidence
                                                # head, else a static length of the profile's reach; both behind
@@ -61,8 +61,9 @@ from .scheduler import (
 class VerifyPolicy:
     """The policy of one generate() call, resolved once (profile loaded or measured up front, not mid-decode)."""
 
-    def __init__(self, spec, drafter, target, temperature: float | None = None):
-        """temperature: the call's sampling temperature, 0 for greedy, None if unknown (no gate prior)."""
+    def __init__(self, spec, drafter, target, temperature: float | None = None, device_profile=None):
+        """temperature: the call's sampling temperature, 0 for greedy, None if unknown (no gate prior);
+        device_profile: the DeviceProfile to use (None: the cached one for this target/device, measured once)."""
         self.spec, self.drafter = spec, drafter
         self.profile = None
         self.needs_confidence = False
@@ -82,7 +83,7 @@ class VerifyPolicy:
             t = float(spec[1])
             self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
         elif isinstance(spec, str) and spec in ("scheduler", "auto"):
-            self.profile = _profile_for(drafter, target)
+            self.profile = _profile_for(drafter, target, device_profile)
             overhead = self.profile.round_overhead
             reach = max_verified(self.profile.verify_time, overhead)
             self.max_drafts = min(reach, self.max_drafts)
@@ -105,8 +106,10 @@ class VerifyPolicy:
             raise ValueError(f"verify_policy={spec!r} needs the drafter's confidence head (confidence_head=True)")
 
     @classmethod
-    def for_drafter(cls, drafter, target, temperature: float | None = None) -> "VerifyPolicy":
-        return cls(drafter.options.verify_policy, drafter, target, temperature)
+    def for_call(cls, drafter, target, options=None, temperature: float | None = None) -> "VerifyPolicy":
+        """The policy of a call with these DecodingOptions (default: the drafter's `options`)."""
+        options = drafter.options if options is None else options
+        return cls(options.verify_policy, drafter, target, temperature, options.device_profile)
 
     def _carried_gate(self, target, temperature: float | None) -> DraftGate | None:
         """Greedy calls share one DraftGate per (drafter, target, policy, profile): a call starts with the averages
@@ -174,14 +177,13 @@ class VerifyPolicy:
 _GREEDY_GATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _profile_for(drafter, target):
-    profile = drafter.options.device_profile
+def _profile_for(drafter, target, profile):
     if profile is None:
         return get_profile(target, drafter, measure=True)
     key = profile_key(target, drafter)
     if profile.key != key:
         raise ProfileMismatchError(
             f"drafter.device_profile was measured for {profile.key}, but this generate runs {key}; "
-            "set drafter.device_profile = None to use (or measure) the profile for this setup"
+            "pass device_profile=None to use (or measure) the profile for this setup"
         )
     return profile

@@ -4,6 +4,7 @@ whose progress is polled (a streamer for the committed tokens, `drafter.last_sta
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -129,7 +130,8 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
         try:
             kw = dict(gen_kwargs, streamer=rec, stopping_criteria=StoppingCriteriaList([cancel]))
             if drafter is not None:
-                kw["assistant_model"] = drafter
+                kw.update(assistant_model=drafter, dspark_options=dataclasses.replace(
+                    drafter.options, verify_policy=policy, ngram_drafts=ngram))
             with torch.no_grad():
                 box["out"] = model.generate(**inputs, **kw)
         except BaseException as e:  # noqa: BLE001 -- shown to the user, not lost in the thread
@@ -139,8 +141,6 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
 
     with lock or _NoLock():
         if drafter is not None:
-            previous = drafter.verify_policy, drafter.ngram_drafts
-            drafter.verify_policy, drafter.ngram_drafts = policy, ngram
             drafter.last_stats = None  # so the poller can tell this run's stats from the previous one's
         thread = threading.Thread(target=work, daemon=True)
         t0 = time.perf_counter()
@@ -158,8 +158,6 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
         finally:
             cancel.stop = True  # no-op after a normal end; stops an abandoned run at its next round
             thread.join()
-            if drafter is not None:
-                drafter.verify_policy, drafter.ngram_drafts = previous
 
 
 class _Cancel(StoppingCriteria):

@@ -13,6 +13,7 @@ referee's best. Anything else is a failure, as in float32.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import statistics
@@ -111,8 +112,8 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
     def one(m: Method, ids):
         kw = dict(gen, **m.extra, **(m.fresh(longest) if m.fresh else {}))
         if m.drafter is not None:
-            m.drafter.verify_policy, m.drafter.ngram_drafts = m.policy, m.ngram
-            kw["assistant_model"] = m.drafter
+            kw.update(assistant_model=m.drafter, dspark_options=dataclasses.replace(
+                m.drafter.options, verify_policy=m.policy, ngram_drafts=m.ngram))
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
         return out, time.perf_counter() - t0

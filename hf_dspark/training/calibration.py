@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..model.config import calibration_entries
+from ..decoding.options import DecodingOptions
 from ..io.prompts import chat_inputs
+from ..model.config import calibration_entries
 from .data import check_excluded, done_ids, is_holdout, prompt_of, read_prompts
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
@@ -152,18 +153,15 @@ def reliability_plot(z, y, valid, before, after, path: str | Path, bins: int = 2
 # ---- collecting rounds ---------------------------------------------------------------------------------
 def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int, temperature: float, seed: int = 0):
     """Fixed-length speculative decoding (full γ verified every round, drafter rounds only: the drafter's own
-    verify_policy and ngram_drafts are set aside meanwhile) → all rounds of all prompts."""
+    options are not used: this call's are "all", no n-gram drafts) → all rounds of all prompts."""
     rounds = []
     torch.manual_seed(seed)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False}
-    options = drafter.verify_policy, drafter.ngram_drafts
-    drafter.verify_policy, drafter.ngram_drafts = "all", False
-    try:
-        for p in tqdm(prompts, desc="calibration prompts"):
-            model.generate(**chat_inputs(tok, p, model.device), assistant_model=drafter, max_new_tokens=max_new_tokens, **sampling)
-            rounds.extend(drafter.last_stats.rounds)
-    finally:
-        drafter.verify_policy, drafter.ngram_drafts = options
+    every = DecodingOptions("all", ngram_drafts=False)
+    for p in tqdm(prompts, desc="calibration prompts"):
+        model.generate(**chat_inputs(tok, p, model.device), assistant_model=drafter, dspark_options=every,
+                       max_new_tokens=max_new_tokens, **sampling)
+        rounds.extend(drafter.last_stats.rounds)
     return rounds
 
 
