@@ -1,7 +1,7 @@
-"""Training pieces: losses, anchors/blocks, features channel, end-to-end τ gain, 2-process accelerate run."""
+"""training/trainer.py: end-to-end τ gain, resumes, ablations on the same data, next stages, bf16, draft
+vocabularies, checkpoints that survive a kill, and a 2-process accelerate run."""
 
 import json
-import math
 import os
 import re
 import shutil
@@ -14,153 +14,7 @@ import torch
 
 from tests._tiny import target_records, tiny_target
 
-from hf_dspark.training.anchors import block_mask, candidate_anchors, sample_blocks
-from hf_dspark.training.features import target_features
-from hf_dspark.training.losses import LossWeights, dspark_loss, position_weights
-
 torch.set_num_threads(1)
-
-
-# ---- losses ----------------------------------------------------------------------------------------------
-def test_position_weights():
-    w = position_weights(7, 4.0)
-    assert torch.allclose(w, torch.tensor([1, 0.7788, 0.6065, 0.4724, 0.3679, 0.2865, 0.2231]), atol=1e-4)
-
-
-def test_losses_hand_computed():
-    # one block of γ = 2, V = 2. Draft p = [0.5, 0.5] at both slots; target [1, 0] then [0.5, 0.5] (logits ±inf-ish).
-    draft = torch.zeros(1, 2, 2)
-    target = torch.tensor([[[30.0, -30.0], [0.0, 0.0]]])
-    labels = torch.tensor([[0, 1]])
-    valid = torch.tensor([[True, True]])
-    conf = torch.zeros(1, 2)  # σ(0) = 0.5
-    loss, m = dspark_loss(draft, target, labels, valid, conf)
-    w0, w1 = 1.0, math.exp(-1 / 4)
-    # L1 (no ½): slot 0 |.5-1|+|.5-0| = 1, slot 1 0.  CE: log 2 at both slots.
-    assert m["l1"].item() == pytest.approx((w0 * 1 + w1 * 0) / (w0 + w1), abs=1e-5)
-    assert m["ce"].item() == pytest.approx(math.log(2), abs=1e-5)
-    # confidence labels 1 - ½·L1 = 0.5 and 1.0; BCE(logit 0, y) = log 2 whatever y.
-    assert m["conf"].item() == pytest.approx(math.log(2), abs=1e-5)
-    assert loss.item() == pytest.approx(0.1 * math.log(2) + 0.9 * m["l1"].item() + math.log(2), abs=1e-5)
-
-
-def test_losses_invalid_slots_and_conf_label_detached():
-    torch.manual_seed(0)
-    draft = torch.randn(3, 4, 10, requires_grad=True)
-    target = torch.randn(3, 4, 10)
-    labels = torch.randint(0, 10, (3, 4))
-    valid = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
-    conf = torch.randn(3, 4, requires_grad=True)
-    _, m = dspark_loss(draft, target, labels, valid, conf)
-    # changing invalid slots changes nothing
-    draft2 = draft.detach().clone()
-    draft2[0, 2:] += 5
-    draft2[2] -= 3
-    _, m2 = dspark_loss(draft2, target, labels, valid, conf)
-    for k in m:
-        assert m[k].item() == pytest.approx(m2[k].item(), abs=1e-6)
-    # the confidence loss reaches the conf logits but not the draft logits (its label is detached)
-    m["conf"].backward()
-    assert draft.grad is None and conf.grad.abs().sum() > 0
-
-
-def test_dflash_weights():
-    w = LossWeights.dflash()
-    assert (w.ce, w.l1, w.conf, w.decay) == (1.0, 0.0, 0.0, 4.0)
-
-
-# ---- anchors ---------------------------------------------------------------------------------------------
-def _batch():
-    # seq 0: prompt 5, response 10, length 15; seq 1: prompt 3, response 4, length 7 (padded to 15)
-    ids = torch.arange(100, 115).repeat(2, 1)
-    mask = torch.zeros(2, 15, dtype=torch.long)
-    mask[0, 5:15] = 1
-    mask[1, 3:7] = 1
-    lengths = torch.tensor([15, 7])
-    return ids, mask, lengths
-
-
-def test_candidate_anchors_inside_response():
-    _, mask, _lengths = _batch()
-    assert candidate_anchors(mask[0], 15).tolist() == list(range(5, 14))
-    assert candidate_anchors(mask[1], 7).tolist() == [3, 4, 5]
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_blocks_never_cover_prompt_or_run_past_end(seed):
-    ids, mask, lengths = _batch()
-    gens = [torch.Generator().manual_seed(seed * 10 + b) for b in range(2)]
-    bl = sample_blocks(ids, mask, lengths, num_anchors=6, block_size=4, mask_token_id=7, generators=gens)
-    for b in range(2):
-        n_prompt = 5 if b == 0 else 3
-        for i in range(6):
-            if not bl.keep[b, i]:
-                assert not bl.valid[b, i].any()
-                continue
-            a = int(bl.anchors[b, i])
-            assert a >= n_prompt and a + 1 < lengths[b]  # anchor and first label are response tokens
-            for j in range(4):
-                if bl.valid[b, i, j]:
-                    lab = a + j + 1
-                    assert n_prompt <= lab < lengths[b]
-                    # off-by-one: slot j sits at position a+j, predicts a+j+1, Markov prev = x_{a+j}
-                    assert bl.positions[b, i, j] == a + j
-                    assert bl.labels[b, i, j] == ids[b, lab]
-                    assert bl.prev_ids[b, i, j] == ids[b, a + j]
-            v = bl.valid[b, i].long()
-            assert (v[1:] <= v[:-1]).all()  # contiguous valid prefix
-            assert bl.input_ids[b, i, 0] == ids[b, a] and (bl.input_ids[b, i, 1:] == 7).all()
-    # seq 1 has only 3 candidate anchors: 3 kept, the rest dummies
-    assert bl.keep[1].sum() == 3
-    # a block anchored at 5 in seq 1 (length 7) has exactly one valid label (position 6)
-    i = (bl.anchors[1] == 5).nonzero()[0, 0]
-    assert bl.valid[1, i].tolist() == [True, False, False, False]
-
-
-def test_block_mask_context_strictly_before_anchor_and_no_empty_rows():
-    anchors = torch.tensor([[0, 4, 2]])
-    m = block_mask(anchors, 2, context_len=6)[0, 0]  # [3·2, 6 + 6]
-    assert m.shape == (6, 12)
-    assert m.any(-1).all()  # no fully masked row (SDPA NaN)
-    for blk, a in enumerate([0, 4, 2]):
-        for j in range(2):
-            row = m[blk * 2 + j]
-            assert row[:6].tolist() == [p < a for p in range(6)]
-            assert row[6:].tolist() == [s // 2 == blk for s in range(6)]
-
-
-# ---- features channel ------------------------------------------------------------------------------------
-def test_features_are_raw_tapped_layers_and_final_normed_state():
-    t = tiny_target()
-    ids = torch.randint(3, 64, (2, 9))
-    attn = torch.ones_like(ids)
-    feats, last = target_features(t, ids, attn, [0, 2])
-    ref = t(ids, attention_mask=attn, output_hidden_states=True)
-    assert torch.allclose(feats[..., :32], ref.hidden_states[1], atol=1e-5)
-    assert torch.allclose(feats[..., 32:], ref.hidden_states[3], atol=1e-5)
-    assert torch.allclose(t.lm_head(last), ref.logits, atol=1e-4)  # final-normed: gives the target logits
-
-
-def test_feature_source_computes_each_sequence_unpadded_and_caches_it(tmp_path, monkeypatch):
-    """A right-padded batch → each row's features as its own unpadded forward gives them (the padding is never
-    computed), zeros past its length; the cache stores them (bf16) and a later call reads instead of running."""
-    from hf_dspark.training import features
-    from hf_dspark.training.features import FeatureSource
-
-    t = tiny_target()
-    lengths = torch.tensor([10, 6, 3])
-    ids = torch.randint(3, 64, (3, 10)) * (torch.arange(10)[None] < lengths[:, None])
-    keys = ["a:0#0", "a:1#0", "b:2#1"]
-    for cache in (None, tmp_path / "cache"):
-        feats, last = FeatureSource(t, [0, 2], cache)(keys, ids, lengths)
-        tol = 1e-5 if cache is None else 0.02  # the cache holds bf16
-        for b, L in enumerate(lengths.tolist()):
-            f, h = target_features(t, ids[b : b + 1, :L], torch.ones(1, L, dtype=torch.long), [0, 2])
-            assert torch.allclose(feats[b, :L], f[0], atol=tol, rtol=tol) and torch.allclose(last[b, :L], h[0], atol=tol, rtol=tol)
-            assert not feats[b, L:].any() and not last[b, L:].any()
-    monkeypatch.setattr(features, "target_features", lambda *a, **k: pytest.fail("recomputed a cached sequence"))
-    again = FeatureSource(t, [0, 2], tmp_path / "cache")(keys, ids, lengths)
-    assert torch.equal(again[0], feats) and torch.equal(again[1], last)
 
 
 # ---- end to end ------------------------------------------------------------------------------------------
@@ -472,25 +326,6 @@ def test_a_run_record_without_its_state_is_not_overwritten(tmp_path):
     with pytest.raises(ValueError, match="cannot be resumed.*--init-from"):
         train(cfg, target=t, records=recs)
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
-
-
-def test_draft_vocabulary_terms_equal_drafting_from_it():
-    from hf_dspark.training.losses import block_terms
-
-    torch.manual_seed(0)
-    V, vocab = 12, torch.tensor([0, 2, 3, 7, 11])
-    draft_sub = torch.randn(4, 3, vocab.numel())
-    target = torch.randn(4, 3, V)
-    labels = torch.tensor([[0, 7, 5], [11, 3, 1], [2, 2, 2], [9, 0, 7]])
-    pruned = block_terms(draft_sub, target, labels, None, vocab)
-    full = torch.full((4, 3, V), -torch.inf)
-    full[..., vocab] = draft_sub  # q = 0 outside the draft vocabulary, as when drafting
-    q, p = full.softmax(-1), target.softmax(-1)
-    assert torch.allclose(pruned["l1"], (q - p).abs().sum(-1), atol=1e-5)
-    inside = torch.isin(labels, vocab)
-    ce = -q.gather(-1, labels.unsqueeze(-1)).squeeze(-1).log()
-    assert torch.allclose(pruned["ce"][inside], ce[inside], atol=1e-5)
-    assert torch.all(pruned["ce"][~inside] == 0)
 
 
 def test_training_on_a_draft_vocabulary_raises_tau_and_drafts_losslessly(tmp_path):
