@@ -30,15 +30,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed (missing, truncated or inconsistent files)."""
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """A safetensors folder's `model.safetensors`, or the shards its index names."""
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return sorted({folder / s for s in json.loads(index.read_text())["weight_map"].values()})
-    return [folder / "model.safetensors"]
-
-
 def latest(out: Path) -> Path | None:
     """The newest published checkpoint folder of a run, or None."""
     found = [p for p in Path(out).glob(PREFIX + "*") if p.is_dir() and p.name[len(PREFIX):].isdigit()]

@@ -23,7 +23,9 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..io.loading import load_target
+from ..model import deepspec
 from ..model.drafter import DSparkDrafter
+from ..model.initialisation import differences, init_from, warm_start
 from . import checkpoint
 from .anchors import sample_blocks
 from .data import eos_ids, prompt_of, read_answers
@@ -223,13 +225,6 @@ _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_si
 # a resume re-plans the rest of the schedule, `_plan`)
 
 
-def _differences(saved: dict, ours, keys, skip_missing: bool = False) -> dict:
-    """{key: (saved value, ours)} for each of `keys` where a saved config disagrees with `ours`' attribute; with
-    skip_missing, keys the saved config lacks (files written before the key existed) are not differences."""
-    return {k: (saved.get(k), getattr(ours, k)) for k in keys
-            if not (skip_missing and k not in saved) and saved.get(k) != getattr(ours, k)}
-
-
 # what same_data_as must share: the records and their order, the anchors drawn from them, the vocabulary
 _DATA_KEYS = ("data", "target", "batch_size", "num_anchors", "block_size", "mask_token_id", "seed", "val_size",
               "max_length", "draft_vocab")
@@ -250,12 +245,12 @@ def same_data(cfg: TrainConfig) -> dict:
         raise ValueError(f"same_data_as={ref}: not a training run's folder (no {checkpoint.PREFIX}<step>/)")
     progress = checkpoint.verify(state)
     theirs = checkpoint.config_of(state)
-    differ = _differences(theirs, cfg, _DATA_KEYS)
+    differ = differences(theirs, cfg, _DATA_KEYS)
     if differ:
         raise ValueError(f"same_data_as={ref} was trained with other data settings (theirs vs ours): {differ}")
     vocab = None
     if cfg.draft_vocab:
-        for path in checkpoint.weight_files(state / "drafter"):
+        for path in deepspec.weight_files(state / "drafter"):
             with safe_open(str(path), "pt") as f:
                 vocab = f.get_tensor("draft_vocab") if "draft_vocab" in f.keys() else vocab
     if progress["step"] < progress.get("total", progress["step"]):
@@ -275,61 +270,10 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
     if cfg.warm_start is not None and cfg.init_from is not None:
         raise ValueError("warm_start and init_from both initialise the drafter: give one")
     if cfg.warm_start is not None:
-        warm_start(drafter, target, cfg.warm_start)
+        warm_start(drafter, base_model(target), cfg.warm_start)
     if cfg.init_from is not None:
         init_from(drafter, cfg.init_from)
     return drafter
-
-
-_SAME_SHAPE = ("target_layer_ids", "block_size", "head_type", "mask_token_id", "num_hidden_layers", "markov_rank")
-
-
-def init_from(drafter: DSparkDrafter, folder) -> None:
-    """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
-    same shape: a run that continues another under a new schedule or on more data, or a resume. Refuses a drafter
-    with other taps, block, head, mask token or tensor shapes. A bf16 file is cast to `drafter`'s dtype (warned)."""
-    from safetensors.torch import load_file
-
-    folder, config = Path(folder), Path(folder) / "config.json"
-    files = checkpoint.weight_files(folder)
-    if not config.is_file() or not all(f.is_file() for f in files):
-        raise ValueError(f"init_from={folder}: no config.json / {', '.join(f.name for f in files)} (give a drafter "
-                         f"folder, e.g. <run>/{checkpoint.PREFIX}<step>/drafter)")
-    differ = _differences(json.loads(config.read_text()), drafter.config, _SAME_SHAPE)
-    weights = {k: v for f in files for k, v in load_file(f).items()}
-    if "draft_vocab" in weights:
-        drafter.set_draft_vocab(weights["draft_vocab"])
-    ours = drafter.state_dict()
-    wrong = sorted(set(ours) ^ set(weights)) + [k for k in ours.keys() & weights.keys()
-                                                 if ours[k].shape != weights[k].shape]
-    if differ or wrong:
-        raise ValueError(f"init_from={folder} does not fit this run's drafter: config (theirs vs ours) {differ}, "
-                         f"tensors {wrong[:6]}")
-    lower = sorted({str(v.dtype) for k, v in weights.items() if v.is_floating_point()
-                    and v.dtype != ours[k].dtype})
-    if lower:
-        logger.warning("init_from=%s holds %s weights: cast to the drafter's", folder, lower)
-    drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in weights.items()})
-
-
-_OWN_KEYS = {"self_attn.q_norm.weight", "self_attn.k_norm.weight", "layer_scalar"}  # a target layer may lack them
-
-
-def warm_start(drafter: DSparkDrafter, target, layers: list[int]) -> None:
-    """Copy target decoder layers `layers[i]` into drafter layer i (same module names and shapes: norms,
-    q/k/v/o projections, MLP) and the target's final norm into the drafter's. The drafter's fc/heads stay random,
-    and so do the q/k norms (at 1) where the target has none."""
-    if len(layers) != len(drafter.layers):
-        raise ValueError(f"warm_start names {len(layers)} target layers for a drafter with {len(drafter.layers)}")
-    decoder = base_model(target)
-    n = len(decoder.layers)
-    for i, li in enumerate(layers):
-        if not -n <= li < n:
-            raise ValueError(f"warm_start layer {li} is outside the target's {n} layers")
-        missing, unexpected = drafter.layers[i].load_state_dict(decoder.layers[li].state_dict(), strict=False)
-        if unexpected or set(missing) - _OWN_KEYS:
-            raise ValueError(f"target layer {li} does not fit drafter layer {i}: missing {missing}, unexpected {unexpected}")
-    drafter.norm.load_state_dict(decoder.norm.state_dict())
 
 
 def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, accelerator=None) -> dict:
@@ -493,7 +437,7 @@ def validation_tau(drafter: DSparkDrafter, records: list[dict], cfg: TrainConfig
 
 def _check_same_run(state: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run under another schedule (lr plan, data order, model shape)."""
-    diff = _differences(checkpoint.config_of(state), cfg, _SCHEDULE_KEYS)
+    diff = differences(checkpoint.config_of(state), cfg, _SCHEDULE_KEYS)
     if diff:
         raise ValueError(f"{state.parent} holds another run (saved vs now: {diff}); resume with the same settings "
                          "or use a new --output-dir")
