@@ -18,7 +18,7 @@ import torch
 from hf_dspark.decoding.profile import cpu_info
 from hf_dspark.io.loading import load_default_target
 from hf_dspark.training.features import FeatureSource, target_features
-from hf_dspark.training.trainer import collate, load_records
+from hf_dspark.training.plan import collate, load_records
 
 
 def main() -> None:

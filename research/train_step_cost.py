@@ -21,7 +21,8 @@ from hf_dspark.training.anchors import sample_blocks
 from hf_dspark.training.features import FeatureSource
 from hf_dspark.training.losses import LossWeights, combine, weighted_sums
 from hf_dspark.training.objective import DraftObjective
-from hf_dspark.training.trainer import TrainConfig, _generators, build_drafter, collate, frequent_tokens, load_records
+from hf_dspark.training.plan import anchor_generators, collate, frequent_tokens, load_records
+from hf_dspark.training.trainer import TrainConfig, build_drafter
 
 RECIPES = {"fp32 x16 anchors": ("fp32", 16, None), "bf16 x64 anchors": ("bf16", 64, None),
            "fp32 x64 anchors, draft vocab 8192": ("fp32", 64, 8192), "bf16 x64 anchors, draft vocab 8192": ("bf16", 64, 8192)}
@@ -35,7 +36,7 @@ def step(target, objective, recs, precision: str, anchors: int, vocab: list[int]
     f, last = FeatureSource(target, objective.drafter.config.target_layer_ids)(keys, ids, lengths)
     t1 = time.perf_counter()
     blocks = sample_blocks(ids, mask, lengths, anchors, 7, objective.drafter.config.mask_token_id,
-                           _generators(keys, 0, 0))
+                           anchor_generators(keys, 0, 0))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         terms = objective(f, last, blocks)
     sums, denom = weighted_sums(terms, terms["valid"], LossWeights().decay)

@@ -12,7 +12,8 @@ import torch
 
 from hf_dspark.io.loading import load_default_drafter, load_default_target
 from hf_dspark.model.drafter import DSparkDrafter
-from hf_dspark.training.trainer import TrainConfig, load_records, validation_tau
+from hf_dspark.training.plan import load_records
+from hf_dspark.training.trainer import TrainConfig, validation_tau
 
 ap = argparse.ArgumentParser()
 ap.add_argument("run", help="a training run's folder (its train_config.json names the data and the split)")

@@ -36,9 +36,12 @@ def latest(out: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name[len(PREFIX):])) if found else None
 
 
-def save(out: Path, step: int, drafter, optimizer, scheduler, progress: dict, config: dict) -> Path:
-    """Write the run's state at `step` atomically (module docstring); returns the checkpoint folder."""
+def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict], config: dict) -> Path:
+    """Write the run's state at `step` atomically (module docstring): `scheduler` runs a `schedule.lr_lambda`
+    (its planned total and re-plans are saved), `epochs` are the data plan's. Returns the checkpoint folder."""
     out = Path(out)
+    plan = scheduler.lr_lambdas[0]
+    progress = {"total": plan.total, "epochs": epochs, **({"replans": plan.replans} if plan.replans else {})}
     final, partial = out / f"{PREFIX}{step}", out / f".{PREFIX}{step}.partial"
     for leftover in out.glob(f".{PREFIX}*.partial"):  # an earlier save that was killed
         shutil.rmtree(leftover)

@@ -1,9 +1,13 @@
-"""Stopping a long job cleanly: SIGTERM or SIGINT sets a flag the job checks between units of work."""
+"""Stopping a long job cleanly: SIGTERM or SIGINT sets a flag the job checks between units of work; a training run
+also stops before a step that would pass its time limit (`must_stop`)."""
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
+
+import torch
 
 
 class StopSignal:
@@ -28,3 +32,14 @@ class StopSignal:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._old.clear()
+
+
+def must_stop(acc, t0: float, steps_done: int, limit_min: float | None, signalled: bool) -> bool:
+    """Before the next step of a run started at `t0` (perf_counter) under accelerator `acc`: a stop signal arrived,
+    or the next step would pass the time limit (every process agrees, so all of them save the same step)."""
+    elapsed = time.perf_counter() - t0
+    late = bool(limit_min) and elapsed + elapsed / max(1, steps_done) > 60 * limit_min
+    if acc.num_processes == 1:
+        return signalled or late
+    # a signal may reach one process only; one scalar all-reduce a step is small beside the gradients' own
+    return bool(acc.reduce(torch.tensor(float(signalled or late), device=acc.device), "max") > 0)

@@ -1,0 +1,31 @@
+"""training/plan.py: a stable validation split and epochs over a training stream that grows between runs."""
+
+import pytest
+
+
+def test_split_of_a_growing_stream_is_stable():
+    from hf_dspark.training.plan import split
+
+    recs = [{"id": f"src:{i // 2}#{i % 2}", "ids": [1, 2, 3], "n_prompt": 1} for i in range(20)]
+    train_a, val_a = split(recs[:12], 3)
+    train_b, val_b = split(recs, 3)
+    assert val_a == val_b == recs[:3]
+    held = {"src:0", "src:1"}
+    assert all(r["id"].split("#")[0] not in held for r in train_b)  # no validation prompt is trained on
+    assert train_b[: len(train_a)] == train_a  # the old training stream is a prefix of the new one
+
+
+def test_data_plan_epochs_take_in_the_grown_stream_and_refuse_a_rewritten_one():
+    from hf_dspark.training.plan import DataPlan
+
+    recs = [{"id": f"s:{i}"} for i in range(10)]
+    plan = DataPlan(recs[:6], batch_size=2, seed=0)
+    first = [plan.batch(s) for s in range(3)]
+    assert {r["id"] for _, b in first for r in b} == {f"s:{i}" for i in range(6)}  # epoch 0: the 6 it had
+    grown = DataPlan(recs, batch_size=2, seed=0, epochs=plan.epochs)
+    assert [grown.batch(s) for s in range(3)] == first  # the same batches after the stream grew
+    epoch, _ = grown.batch(3)
+    assert epoch == 1 and (grown.epochs[1]["start"], grown.epochs[1]["size"]) == (3, 10)
+    assert {r["id"] for s in range(3, 8) for r in grown.batch(s)[1]} == {r["id"] for r in recs}
+    with pytest.raises(ValueError, match="rewritten"):
+        DataPlan([{"id": "other"}] + recs[1:], batch_size=2, seed=0, epochs=grown.epochs)
