@@ -4,10 +4,9 @@ same shape (one file or shards, with its draft vocabulary) and refuses any other
 import pytest
 import torch
 
-from tests._tiny import tiny_target
-
 from hf_dspark.model.drafter import DSparkDrafter
 from hf_dspark.model.initialisation import init_from, warm_start
+from tests._tiny import tiny_target
 
 torch.set_num_threads(1)
 

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from tests._tiny import tiny_target
-
 from hf_dspark.training.features import target_features
+from tests._tiny import tiny_target
 
 torch.set_num_threads(1)
 
