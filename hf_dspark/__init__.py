@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DSparkCandidateGenerator": ".decoding.candidate",
     "DSparkConfig": ".model.config",
-    "DSparkDrafter": ".model.drafter",
+    "DSparkDrafter": ".decoding.assistant",
+    "DSparkDraftModel": ".model.drafter",
     "DSparkLogitsProcessor": ".decoding.processors",
     "DSparkStats": ".decoding.stats",
     "DecodingOptions": ".decoding.options",

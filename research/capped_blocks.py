@@ -28,7 +28,7 @@ from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.eval.replay import slot_scores, walk
 from hf_dspark.io.loading import load_default_drafter, load_default_target
 from hf_dspark.model import deepspec
-from hf_dspark.model.drafter import DSparkDrafter
+from hf_dspark import DSparkDrafter
 
 
 def rounds(scores: dict, P: int, R: int, max_new: int, k: int) -> list[tuple[int, int, int]]:

@@ -19,7 +19,7 @@ import torch
 
 from hf_dspark.eval.replay import MODE_TEMPERATURE, replay, responses_for
 from hf_dspark.io.loading import load_target_and_drafter
-from hf_dspark.model.drafter import DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.training.calibration import ece_floor_per_position, ece_per_position, rounds_to_arrays
 from hf_dspark.training.data import read_answers
 

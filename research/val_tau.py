@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.io.loading import load_default_drafter, load_default_target
-from hf_dspark.model.drafter import DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.training.plan import load_records
 from hf_dspark.training.trainer import TrainConfig, validation_tau
 

@@ -12,7 +12,7 @@ import json
 import torch
 
 from hf_dspark.eval.bench import load_prompts
-from hf_dspark.model.drafter import DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.io.loading import load_default_drafter, load_default_target
 from hf_dspark.eval.replay import slot_scores, walk
 

@@ -47,7 +47,7 @@ def cmd_bench(args) -> int:
     from ..eval.bench import (Method, dspark_methods, identity_failures, load_prompts, markdown_table, plot,
                               run_bench, static_compiled)
     from ..io.loading import load_target, load_target_and_drafter
-    from ..model.drafter import DSparkDrafter
+    from ..decoding.assistant import DSparkDrafter
 
     common.set_threads(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"

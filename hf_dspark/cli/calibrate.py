@@ -39,7 +39,7 @@ def main(args) -> int:
 
     from ..io.loading import load_target
     from ..model.deepspec import save_calibration
-    from ..model.drafter import DSparkDrafter
+    from ..decoding.assistant import DSparkDrafter
     from ..training.calibration import calibrate, collect_rounds, holdout_prompts
 
     common.set_threads(args)

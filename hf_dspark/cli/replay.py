@@ -30,7 +30,7 @@ def main(args) -> int:
 
     from ..eval.replay import MODE_TEMPERATURE, replay, responses_for
     from ..io.loading import load_target_and_drafter
-    from ..model.drafter import DSparkDrafter
+    from ..decoding.assistant import DSparkDrafter
     from ..training.calibration import ece_floor_per_position, ece_per_position, rounds_to_arrays
     from ..training.data import read_answers
 

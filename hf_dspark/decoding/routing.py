@@ -4,8 +4,8 @@ This is the only module that knows transformers' assisted-decoding internals. tr
 has no public hook for a custom CandidateGenerator, so `enable(model)` swaps the target's class (once,
 per instance, keeping its name so save_pretrained is unaffected) for one that mixes in
 `DSparkGenerationMixin`. The mixin overrides three private GenerationMixin methods, and only when the
-assistant is a `Drafter` (hf_dspark.model.drafter.DSparkDrafter); every other assistant, and plain decoding,
-go to transformers untouched. `enable` checks those methods' signatures and refuses a transformers whose
+assistant is a DSpark drafter (a `DraftModel`, draft_model.py: DSparkDrafter); every other assistant, and plain
+decoding, go to transformers untouched. `enable` checks those methods' signatures and refuses a transformers whose
 internals differ. Stop strings and custom stopping criteria are made exact here too (StopScanner).
 """
 
@@ -25,14 +25,10 @@ from transformers.generation.stopping_criteria import (
     StoppingCriteria,
 )
 
+from ..model.binding import check_placement
 from .candidate import DSparkCandidateGenerator
+from .draft_model import DraftModel
 from .options import DecodingOptions
-
-
-class Drafter:
-    """What routing recognises as a DSpark assistant. hf_dspark.model.drafter.DSparkDrafter is the one subclass;
-    the decoding floor only uses the interface it documents there: `config`, `target`, `draft(...)`,
-    `draft_weights()`, `context_kv(...)`, `confidence`, `options` and `last_stats`."""
 
 
 # The private methods we override, with the leading parameters we rely on (checked by `enable`).
@@ -80,7 +76,7 @@ class DSparkGenerationMixin:
             return super().generate(*args, **kwargs)
         if not isinstance(dspark_options, DecodingOptions):
             raise ValueError(f"dspark_options must be a hf_dspark.DecodingOptions, got {type(dspark_options).__name__}")
-        if not isinstance(kwargs.get("assistant_model"), Drafter):
+        if not isinstance(kwargs.get("assistant_model"), DraftModel):
             raise ValueError("dspark_options= applies to DSpark decoding only: pass assistant_model=<a DSpark drafter>")
         token = _CALL_OPTIONS.set(dspark_options)
         try:
@@ -90,13 +86,13 @@ class DSparkGenerationMixin:
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
         drafter = generation_mode_kwargs.get("assistant_model")
-        if isinstance(drafter, Drafter):
+        if isinstance(drafter, DraftModel):
             _validate_request(self, drafter, generation_mode, generation_config, generation_mode_kwargs)
         return super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs):
         drafter = kwargs.get("assistant_model")
-        if not isinstance(drafter, Drafter):
+        if not isinstance(drafter, DraftModel):
             return super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
         if input_ids.shape[0] != 1:
             raise NotImplementedError(f"DSpark decodes one sequence at a time; got a batch of {input_ids.shape[0]}")
@@ -138,7 +134,7 @@ class DSparkGenerationMixin:
 
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
-        if isinstance(assistant_model, Drafter):
+        if isinstance(assistant_model, DraftModel):
             options = _CALL_OPTIONS.get() or assistant_model.options
             return DSparkCandidateGenerator(self, assistant_model, generation_config, logits_processor, options)
         return super()._get_candidate_generator(generation_config, input_ids, inputs_tensor, logits_processor,
@@ -157,19 +153,6 @@ def enable(model):
     return model
 
 
-def check_placement(drafter, target) -> None:
-    """The drafter must sit on the device and dtype of the target's LM head. Checked at bind and again at every
-    generate: `model.to(torch.bfloat16)` after binding changes the target, not the drafter."""
-    head = target.get_output_embeddings().weight
-    param = next(drafter.parameters())
-    if param.device != head.device:
-        raise ValueError(
-            f"drafter is on {param.device} but the target's LM head is on {head.device}: call drafter.to(device)"
-        )
-    if param.dtype != head.dtype:
-        raise ValueError(f"drafter dtype {param.dtype} != target dtype {head.dtype}: call drafter.to({head.dtype})")
-
-
 def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_kwargs) -> None:
     if mode != GenerationMode.ASSISTED_GENERATION:
         raise NotImplementedError(
@@ -177,10 +160,10 @@ def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_
             f"(num_beams={gen_config.num_beams}, num_beam_groups={getattr(gen_config, 'num_beam_groups', 1)})"
         )
     drafter.config.validate()  # block_size (γ) and friends may have been edited since the drafter was built
-    if drafter._target is None:
+    if drafter.bound_target is None:
         raise ValueError("this drafter is not bound to a target (loaded without target=); call drafter.bind(model) "
                          "for the model you generate with")
-    if drafter._target is not target:
+    if drafter.bound_target is not target:
         raise ValueError(
             "this drafter is bound to another model; call drafter.bind(model) for the model you generate with"
         )

@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from ..cache import cache_dir
 from ..decoding.routing import enable
 from ..io import loading
-from ..model.drafter import DSparkDrafter
+from ..decoding.assistant import DSparkDrafter
 from ..training import checkpoint
 from ..training.trainer import TrainConfig, train
 

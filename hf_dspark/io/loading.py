@@ -25,7 +25,7 @@ from transformers.utils import logging
 from ..cache import cache_dir
 from ..decoding.profile import cpu_has_native_bf16, make_key, profile_path, time_forwards
 from ..decoding.routing import enable
-from ..model.drafter import DSparkDrafter
+from ..decoding.assistant import DSparkDrafter
 
 logger = logging.get_logger(__name__)
 

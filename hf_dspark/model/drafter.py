@@ -1,5 +1,7 @@
-"""DSparkDrafter: context fusion of tapped target layers + a parallel block backbone + sequential heads.
+"""DSparkDraftModel: context fusion of tapped target layers + a parallel block backbone + sequential heads.
 
+The network only: it drafts a block (`draft`) from context K/V and knows nothing of verification, routing or
+run-time options (decoding/assistant.py makes it generate()'s assistant, DSparkDrafter).
 Shapes: B batch, n context positions, Q block slots (γ at inference), d hidden, m taps, V vocabulary.
 The target's embedding and LM head are shared and frozen: never parameters of the drafter, never saved
 with it, attached by `bind(target)`.
@@ -13,24 +15,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding, rotate_half
 
-from ..decoding.options import DecodingOptions
-from ..decoding.routing import Drafter, enable
 from . import deepspec
-from .binding import check_architecture, default_mask_token_id, load_strict, placement, validate_pair
+from .binding import default_mask_token_id, load_strict, placement, validate_pair
 from .config import DSparkConfig
 from .heads import ConfidenceHead, DraftBlock, build_head, draft_block, fuse_context
 from .variants import VARIANTS
-
-
-_NOT_STANDALONE = (
-    "A DSparkDrafter is not a standalone model: pass it as `assistant_model=` to the target's generate() after "
-    "binding it (DSparkDrafter.from_pretrained(path, target=model) or drafter.bind(model)). If you see this from "
-    "inside transformers, the target was not enabled for DSpark (hf_dspark.enable(model) / drafter.bind(model))."
-)
-
-
-class _NotEnabledError(RuntimeError):
-    """Raised when transformers' stock assistant path touches a drafter: the target was not enabled."""
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -109,13 +98,10 @@ class DSparkLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class DSparkDrafter(Drafter, PreTrainedModel):
-    """A DSpark drafter for one target model. Use `DSparkDrafter.from_target(model)` for a fresh one and
-    `DSparkDrafter.from_pretrained(path, target=model)` for a trained one; then
-    `model.generate(..., assistant_model=drafter)`.
-
-    After each `generate`, `drafter.last_stats` holds the run's metrics (`hf_dspark.stats.DSparkStats`).
-    """
+class DSparkDraftModel(PreTrainedModel):
+    """The DSpark drafter network for one target model: `from_target(model)` builds a fresh one sized for it,
+    `from_pretrained(path, target=model)` loads a trained one; `draft(...)` runs one round. What trains; the
+    assistant users pass to generate() is its subclass hf_dspark.DSparkDrafter."""
 
     config_class = DSparkConfig
     base_model_prefix = "dspark"
@@ -148,21 +134,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
             self.draft_vocab = None
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.deepspec_source: str | None = None  # the DeepSpec checkpoint this drafter was loaded from (deepspec.py)
-        self.last_stats = None
-        # Run-time options, HF-style on the assistant (decoding/options.py): how many drafts to verify, the
-        # DeviceProfile the scheduler uses, and whether repeating contexts take free n-gram drafts.
-        self.options = DecodingOptions()
         self.post_init()
-
-    verify_policy = property(lambda self: self.options.verify_policy,
-                             lambda self, v: setattr(self.options, "verify_policy", v),
-                             doc="options.verify_policy: drafts verified per round (decoding/verify_policy.py)")
-    ngram_drafts = property(lambda self: self.options.ngram_drafts,
-                            lambda self, v: setattr(self.options, "ngram_drafts", v),
-                            doc="options.ngram_drafts: free n-gram drafts where the context repeats")
-    device_profile = property(lambda self: self.options.device_profile,
-                              lambda self, v: setattr(self.options, "device_profile", v),
-                              doc="options.device_profile: the scheduler's DeviceProfile (None: cached/measured)")
 
     @property
     def head(self):
@@ -181,19 +153,22 @@ class DSparkDrafter(Drafter, PreTrainedModel):
             raise RuntimeError("this drafter is not bound to a target: call drafter.bind(model) first")
         return self._target
 
-    def bind(self, target) -> "DSparkDrafter":
-        """Attach `target` (its embedding, LM head and taps), after checking the pair fits. Enables DSpark
-        routing in `target.generate`. Raises ValueError naming the first mismatch."""
+    @property
+    def bound_target(self):
+        """The target this drafter is bound to, or None."""
+        return self._target
+
+    def bind(self, target) -> "DSparkDraftModel":
+        """Share `target`'s embedding, LM head and taps, after checking the pair fits (sizes, vocabulary, taps,
+        mask token, placement). Raises ValueError naming the first mismatch."""
         validate_pair(self, target)
         self.__dict__["_target"] = target
-        enable(target)
         return self
 
     @classmethod
-    def from_target(cls, target, **overrides) -> "DSparkDrafter":
+    def from_target(cls, target, **overrides) -> "DSparkDraftModel":
         """A fresh, randomly initialised drafter sized for `target` (the start for training and for tests).
         `overrides` are DSparkConfig fields (block_size, num_hidden_layers, head_type, mask_token_id, ...)."""
-        check_architecture(target)  # before sizing: a state-space target has no attention geometry to copy
         if "mask_token_id" not in overrides:
             overrides["mask_token_id"] = default_mask_token_id(target)
         config = DSparkConfig.for_target(target.config, **overrides)
@@ -222,18 +197,6 @@ class DSparkDrafter(Drafter, PreTrainedModel):
             drafter.bind(target)
         return drafter
 
-    def generate(self, *args, **kwargs):
-        raise RuntimeError(_NOT_STANDALONE)
-
-    @property
-    def generation_config(self):
-        # transformers' stock assistant path reads this first: reaching it means the target was never enabled.
-        raise _NotEnabledError(_NOT_STANDALONE)
-
-    @generation_config.setter
-    def generation_config(self, value):
-        pass  # the drafter has no generation settings of its own
-
     # ---- pieces of a round -----------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [B, Q] → the target's (frozen) input embeddings [B, Q, d] (Gemma: already × √d), on our device.
@@ -254,7 +217,7 @@ class DSparkDrafter(Drafter, PreTrainedModel):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def set_draft_vocab(self, token_ids) -> "DSparkDrafter":
+    def set_draft_vocab(self, token_ids) -> "DSparkDraftModel":
         """Draft from these token ids only (e.g. the most frequent ones in the target's own answers; include EOS).
         Lossless for any subset: q is 0 outside it. Pass None to draft from the full vocabulary again."""
         if token_ids is None:  # drop the buffer first: assigning None to a registered buffer keeps it registered

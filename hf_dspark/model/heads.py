@@ -154,7 +154,7 @@ def build_head(config) -> nn.Module | None:
 class DraftBlock:
     """One round's draft. tokens [n] long; logits [n, V] float32, the exact (processed) logits each token was
     drawn from, so q_k = softmax(logits[k]); conf_logits [n] float32 raw confidence logits (uncalibrated);
-    confidences [n] the calibrated c_k on the CPU (set by DSparkDrafter.draft; None without a confidence head)."""
+    confidences [n] the calibrated c_k on the CPU (set by DSparkDraftModel.draft; None without a confidence head)."""
 
     tokens: torch.Tensor
     logits: torch.Tensor

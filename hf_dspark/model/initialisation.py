@@ -1,5 +1,5 @@
 """Where a new drafter's weights come from: a trained drafter of the same shape (`init_from`), or a target's decoder
-layers (`warm_start`). Random initialisation is the drafter's own (`DSparkDrafter.from_target`)."""
+layers (`warm_start`). Random initialisation is the network's own (`DSparkDraftModel.from_target`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from . import deepspec
-from .drafter import DSparkDrafter
+from .drafter import DSparkDraftModel
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def differences(saved: dict, ours, keys) -> dict:
     return {k: (saved.get(k), getattr(ours, k)) for k in keys if saved.get(k) != getattr(ours, k)}
 
 
-def init_from(drafter: DSparkDrafter, folder) -> None:
+def init_from(drafter: DSparkDraftModel, folder) -> None:
     """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
     same shape: a run that continues another under a new schedule or on more data, or a resume. Refuses a drafter
     with other taps, block, head, mask token or tensor shapes. A bf16 file is cast to `drafter`'s dtype (warned)."""
@@ -53,7 +53,7 @@ def init_from(drafter: DSparkDrafter, folder) -> None:
     drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in weights.items()})
 
 
-def warm_start(drafter: DSparkDrafter, decoder, layers: list[int]) -> None:
+def warm_start(drafter: DSparkDraftModel, decoder, layers: list[int]) -> None:
     """Copy a target's decoder layers `decoder.layers[layers[i]]` into drafter layer i (same module names and
     shapes: norms, q/k/v/o projections, MLP) and its final norm into the drafter's. The drafter's fc/heads stay
     random, and so do the q/k norms (at 1) where the target has none."""

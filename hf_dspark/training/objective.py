@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model.drafter import DSparkDrafter
+from ..model.drafter import DSparkDraftModel
 from .anchors import Blocks, block_mask
 from .losses import prob_terms, target_probs
 
 
 class DraftObjective(nn.Module):
-    def __init__(self, drafter: DSparkDrafter):
+    def __init__(self, drafter: DSparkDraftModel):
         super().__init__()
         self.drafter = drafter
 

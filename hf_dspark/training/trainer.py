@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..io.loading import load_target
-from ..model.drafter import DSparkDrafter
+from ..decoding.assistant import DSparkDrafter
 from ..model.initialisation import differences, init_from, warm_start
 from . import checkpoint, metrics
 from .anchors import sample_blocks
