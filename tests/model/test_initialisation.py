@@ -4,7 +4,7 @@ same shape (one file or shards, with its draft vocabulary) and refuses any other
 import pytest
 import torch
 
-from hf_dspark.model.drafter import DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.model.initialisation import init_from, warm_start
 from tests._tiny import tiny_target
 
