@@ -71,7 +71,7 @@ def main():
                 rows[f"drafter: LM head, full {model.config.vocab_size} rows x {g}"] = median_ms(lambda: drafter.base_logits(h))
             U = drafter.base_logits(h, lm_rows)
             rows[f"drafter: sequential head + confidence (greedy), {n} drafts"] = median_ms(lambda: draft_block(
-                U, h, torch.tensor(5), drafter.head, drafter.confidence, prefix, None, False, vocab=vocab, w2=w2,
+                U, h, torch.tensor(5), drafter.markov_head, drafter.confidence_head, prefix, None, False, vocab=vocab, w2=w2,
                 vocab_size=model.config.vocab_size))
             rows[f"drafter: whole round (drafter.draft, greedy), {n} drafts"] = median_ms(
                 lambda: drafter.draft(kv, prefix, n, weights=(vocab, lm_rows, w2)))

@@ -50,7 +50,7 @@ def draft_fn(drafter, h, vocab, lm_rows, w2, sample):
     prefix = torch.tensor([[5, 6, 7]], device=drafter.device)
     anchor = torch.tensor(7, device=drafter.device)
     base = drafter.base_logits(h, lm_rows)
-    return lambda: draft_block(base, h, anchor, drafter.head, drafter.confidence, prefix, procs, sample,
+    return lambda: draft_block(base, h, anchor, drafter.markov_head, drafter.confidence_head, prefix, procs, sample,
                                vocab=vocab, w2=w2, vocab_size=drafter.config.vocab_size)
 
 

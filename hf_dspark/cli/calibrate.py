@@ -45,7 +45,7 @@ def main(args) -> int:
     common.set_threads(args)
     model, tok = load_target(args.target, torch.float32, "cpu")
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=model)
-    if drafter.confidence is None:
+    if drafter.confidence_head is None:
         raise ValueError(f"{args.drafter} has no confidence head (head_type 'none'): nothing to calibrate")
     prompts = holdout_prompts(args.prompts, args.exclude_data, args.limit, args.seed, args.exclude, args.holdout,
                               args.per_file)

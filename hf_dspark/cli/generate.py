@@ -75,7 +75,7 @@ def time_methods(model, drafter, prompts: list[dict], gen: dict, repeats: int = 
     import torch
     from tqdm.auto import tqdm
 
-    from ..decoding.verify_policy import VerifyPolicy
+    from ..decoding.policy import VerifyPolicy
 
     VerifyPolicy.for_call(drafter, model)  # resolves, and if needed measures, the profile now
     warm = dict(gen, max_new_tokens=min(32, gen["max_new_tokens"]))
@@ -157,7 +157,7 @@ def cmd_generate(args) -> int:
 
     from ..decoding.options import DecodingOptions
     from ..decoding.stats import DSparkStats
-    from ..decoding.verify_policy import VerifyPolicy
+    from ..decoding.policy import VerifyPolicy
     from ..io import loading
     from ..io.prompts import chat_inputs, read_prompts
 

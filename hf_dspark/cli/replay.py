@@ -52,7 +52,7 @@ def main(args) -> int:
                 "conditional_acceptance": st.conditional_acceptance, "acceptance_rate": st.acceptance_rate,
                 "acceptance_histogram": st.acceptance_histogram,
                 "target_argmax_agreement": st.target_argmax_agreement}
-            if dr.confidence is not None:  # calibration quality on these rounds: ECE per position, raw vs fitted
+            if dr.confidence_head is not None:  # calibration quality on these rounds: ECE per position, raw vs fitted
                 scaling = dr.config.confidence_scaling_at(MODE_TEMPERATURE[args.mode])
                 z, y, valid = rounds_to_arrays(st.rounds, st.block_size, *scaling)
                 entry["ece_raw"] = ece_per_position(z, y, valid, [1.0] * st.block_size)

@@ -40,7 +40,7 @@ class DSparkDrafter(DSparkDraftModel):
 
     verify_policy = property(lambda self: self.options.verify_policy,
                              lambda self, v: setattr(self.options, "verify_policy", v),
-                             doc="options.verify_policy: drafts verified per round (decoding/verify_policy.py)")
+                             doc="options.verify_policy: drafts verified per round (decoding/policy.py)")
     ngram_drafts = property(lambda self: self.options.ngram_drafts,
                             lambda self, v: setattr(self.options, "ngram_drafts", v),
                             doc="options.ngram_drafts: free n-gram drafts where the context repeats")
@@ -48,7 +48,7 @@ class DSparkDrafter(DSparkDraftModel):
                               lambda self, v: setattr(self.options, "device_profile", v),
                               doc="options.device_profile: the scheduler's DeviceProfile (None: cached/measured)")
 
-    def bind(self, target) -> "DSparkDrafter":
+    def bind(self, target) -> DSparkDrafter:
         """Check that speculative decoding can be exact on `target` and that the pair fits, share its embedding,
         LM head and taps, and enable DSpark routing in `target.generate`. Raises ValueError naming the first
         problem."""
@@ -58,7 +58,7 @@ class DSparkDrafter(DSparkDraftModel):
         return self
 
     @classmethod
-    def from_target(cls, target, **overrides) -> "DSparkDrafter":
+    def from_target(cls, target, **overrides) -> DSparkDrafter:
         check_architecture(target)  # before sizing: a state-space target has no attention geometry to copy
         return super().from_target(target, **overrides)
 

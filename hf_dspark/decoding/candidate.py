@@ -1,7 +1,7 @@
 """DSparkCandidateGenerator: one DSpark round per call of transformers' assisted-decoding loop.
 
 Ingest the target's tapped hidden states of the tokens it just accepted, draft (drafter.draft: parallel
-backbone + sequential head + confidence), choose how many drafts to verify (verify_policy.py), and return them
+backbone + sequential head + confidence), choose how many drafts to verify (policy.py), and return them
 with the exact logits they were drawn from. How generate() reaches this class: routing.py.
 """
 
@@ -18,7 +18,7 @@ from .ngram import NgramIndex
 from .options import DecodingOptions
 from .processors import DSparkLogitsProcessor, guard
 from .stats import DSparkStats, Round
-from .verify_policy import VerifyPolicy
+from .policy import VerifyPolicy
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -61,7 +61,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.stats = DSparkStats(block_size=cfg.block_size)
         self.temperature = (generation_config.temperature if generation_config.temperature is not None else 1.0) \
             if self.do_sample else 0.0
-        self.verify_policy = VerifyPolicy.for_call(drafter, target, options, self.temperature)  # resolved once per call
+        self.policy = VerifyPolicy.for_call(drafter, target, options, self.temperature)  # resolved once per call
         self.ngrams = NgramIndex() if options.ngram_drafts else None
         drafter.last_stats = self.stats
 
@@ -81,24 +81,24 @@ class DSparkCandidateGenerator(CandidateGenerator):
         lookup: list[int] = []
         if self.ngrams is not None:  # free n-gram drafts first: they depend on committed tokens only (ngram.py)
             self.ngrams.extend(input_ids[0, len(self.ngrams.seq):].tolist())
-            lookup = self._through_stop(self.ngrams.draft(min(self.verify_policy.max_ngram_drafts, room)))
-            length = self.verify_policy.ngram_length(len(lookup))  # under the scheduler: worth verifying, 0..n
+            lookup = self._through_stop(self.ngrams.draft(min(self.policy.max_ngram_drafts, room)))
+            length = self.policy.ngram_length(len(lookup))  # under the scheduler: worth verifying, 0..n
             if length:  # q is a point mass: no logits, transformers verifies by sample-and-compare (or argmax)
                 candidate = torch.cat([input_ids, input_ids.new_tensor([lookup[:length]])], dim=-1)
                 return self._send(input_ids, candidate, None, lookup, [], "ngram", t0, lookup)
-        n = min(self.block_size, room, self.verify_policy.max_drafts)  # and that the policy could ever verify
-        if n <= 0 or not self.verify_policy.should_draft():  # a plain target step this round
+        n = min(self.block_size, room, self.policy.max_drafts)  # and that the policy could ever verify
+        if n <= 0 or not self.policy.should_draft():  # a plain target step this round
             return self._send(input_ids, input_ids, None, [], [], "dspark", t0, lookup)
         self._fuse()
         # The backbone runs only the slots the policy can use (reach): more changed no acceptance we measured and
         # each costs time on CPU. The length limit only trims the block, so `replay` stays exact.
-        block = self.drafter.draft(self.context_kv, input_ids, n, reach=self.verify_policy.max_drafts,
+        block = self.drafter.draft(self.context_kv, input_ids, n, reach=self.policy.max_drafts,
                                    processor=self.draft_processor, do_sample=self.do_sample, weights=self.weights,
                                    offset=self.offset, temperature=self.temperature)
         conf = block.confidences  # calibrated c_k [n] on the CPU (one host sync for the policy and the stats)
         tokens = block.tokens.tolist()
         n = len(self._through_stop(tokens))  # drafts after a drafted stop token can never be committed
-        length = self.verify_policy.length(None if conf is None else conf[:n], n)  # ℓ in 0..n, from c_1..c_n only
+        length = self.policy.length(None if conf is None else conf[:n], n)  # ℓ in 0..n, from c_1..c_n only
         candidate = torch.cat([input_ids, block.tokens[:length].view(1, -1).to(input_ids.device)], dim=-1)
         # transformers verifies on input_ids' device (device_map targets: may differ from the drafter's)
         logits = block.logits[:length].unsqueeze(0).to(input_ids.device) if (self.do_sample and length) else None
@@ -134,7 +134,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         """Keep the tapped hidden states of every position the target has newly verified and accepted: after
         prefill the whole prompt, later the anchor plus the accepted drafts (rows 0..m of the pass). They become
         context K/V (`_fuse`) only when a round drafts, in one batch: rounds without drafts cost nothing here."""
-        if self.verify_policy.max_drafts == 0:  # a policy that never drafts needs no context
+        if self.policy.max_drafts == 0:  # a policy that never drafts needs no context
             return
         hs = getattr(model_outputs, "hidden_states", None)
         if hs is None:
@@ -180,8 +180,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         while accepted < min(p["verified"], len(new_tokens)) and new_tokens[accepted] == p["tokens"][accepted]:
             accepted += 1
         if p["source"] == "dspark":  # the draft gate judges the drafter; n-gram rounds neither pay nor age it
-            self.verify_policy.record(p["drafted"], p["verified"], accepted)
-        self.verify_policy.observe_ngram(p["lookup"], new_tokens)
+            self.policy.record(p["drafted"], p["verified"], accepted)
+        self.policy.observe_ngram(p["lookup"], new_tokens)
         probs = self.observer.target_probs
         self.stats.new_tokens = input_ids.shape[1] - self.stats.prompt_tokens
         self.stats.add(Round(

@@ -17,7 +17,7 @@ from .options import DecodingOptions
 @runtime_checkable
 class DraftModel(Protocol):
     """config: a DSparkConfig (block_size γ, target_layer_ids, mask_token_id, calibration, ...); bound_target: the
-    target it is bound to, or None; confidence: its confidence head or None; options: its default DecodingOptions;
+    target it is bound to, or None; confidence_head: its confidence head or None; options: its default DecodingOptions;
     last_stats: the DSparkStats of its last generate() (decoding writes it)."""
 
     config: object
@@ -34,7 +34,7 @@ class DraftModel(Protocol):
     def bound_target(self): ...
 
     @property
-    def confidence(self): ...
+    def confidence_head(self): ...
 
     def draft_weights(self):
         """(vocab [V'] or None, LM-head rows [V', d], W2 rows [V', r] or None), gathered once per call."""

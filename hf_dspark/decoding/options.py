@@ -9,7 +9,7 @@ also exposes each field as an attribute (`drafter.verify_policy = "scheduler"`, 
     DecodingOptions.parse("threshold:0.5")    →  verify_policy ("threshold", 0.5);  "3" → 3;  "auto" → "auto"
     (a parsed text has n-gram drafts only with "+ngram"; DecodingOptions() itself is the default, "auto" + n-gram)
 
-What each policy means, and its validation at generate(): verify_policy.py.
+What each policy means, and its validation at generate(): policy.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ Policy = Union[str, int, tuple, Callable]  # "all" | "scheduler" | k | ("thresho
 @dataclass
 class DecodingOptions:
     """verify_policy: how many drafts to verify per round (default "auto": the scheduler and its draft gate on this
-    device's measured profile, verify_policy.py); ngram_drafts: rounds whose last tokens occurred before take free
+    device's measured profile, policy.py); ngram_drafts: rounds whose last tokens occurred before take free
     n-gram drafts instead (ngram.py; default on); device_profile: the DeviceProfile the scheduler uses (None = the
     cached one for this target/device, measured once). The defaults are the best lossless configuration this
     package knows; "all" (verify every draft, no gate) stays available and can be slower than plain generate."""

@@ -7,7 +7,7 @@ A profile holds, for one (target, drafter shape, dtype, device, torch) combinati
                      scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
   rollback_time      median seconds of cropping the target cache back after a verification.
 The measured curve is used as is: on CPU in fp32 it is not monotone, so no
-smooth cost model would do. Profiles are cached as JSON under `cache.cache_dir()/profiles/`, keyed by
+smooth cost model would do. Profiles are cached as JSON under `storage.storage_dir()/profiles/`, keyed by
 `ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
 """
 
@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 from transformers.utils import logging
 
-from ..cache import cache_dir
+from ..storage import storage_dir
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -182,7 +182,7 @@ def profile_key(target, drafter) -> ProfileKey:
 
 def profile_path(key: ProfileKey, kind: str = "") -> Path:
     """Where a measurement under `key` is cached; `kind` names measurements other than the device profile."""
-    return cache_dir() / "profiles" / f"{kind + '-' if kind else ''}{key.slug()}.json"
+    return storage_dir() / "profiles" / f"{kind + '-' if kind else ''}{key.slug()}.json"
 
 
 def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DeviceProfile:
@@ -196,7 +196,7 @@ def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DevicePr
         }
         raise ProfileMismatchError(
             f"{path} was measured for another setup ({', '.join(f'{k}: {a!r} ≠ {b!r}' for k, (a, b) in diff.items())}); "
-            "measure one for this setup with `hf-dspark profile` or hf_dspark.profile.get_profile(..., measure=True)"
+            "measure one for this setup with `hf-dspark profile` or hf_dspark.decoding.profile.get_profile(..., measure=True)"
         )
     return profile
 

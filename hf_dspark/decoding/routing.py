@@ -30,7 +30,6 @@ from .candidate import DSparkCandidateGenerator
 from .draft_model import DraftModel
 from .options import DecodingOptions
 
-
 # The private methods we override, with the leading parameters we rely on (checked by `enable`).
 _EXPECTED = {
     "_get_candidate_generator": (
@@ -75,7 +74,7 @@ class DSparkGenerationMixin:
         if dspark_options is None:
             return super().generate(*args, **kwargs)
         if not isinstance(dspark_options, DecodingOptions):
-            raise ValueError(f"dspark_options must be a hf_dspark.DecodingOptions, got {type(dspark_options).__name__}")
+            raise TypeError(f"dspark_options must be a hf_dspark.DecodingOptions, got {type(dspark_options).__name__}")
         if not isinstance(kwargs.get("assistant_model"), DraftModel):
             raise ValueError("dspark_options= applies to DSpark decoding only: pass assistant_model=<a DSpark drafter>")
         token = _CALL_OPTIONS.set(dspark_options)

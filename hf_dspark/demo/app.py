@@ -20,7 +20,7 @@ import torch
 
 from ..decoding.profile import get_profile
 from . import render as view
-from .models import HEADS, load_demo_models
+from .models import HEAD_LABELS, load_demo_models
 from .session import (
     MAX_PROMPT_CHARS,
     Request,
@@ -28,7 +28,7 @@ from .session import (
     check_request,
     sampling_kwargs,
     stream_generate,
-    verify_policy,
+    policy_for,
 )
 
 EXAMPLE = "Explain speculative decoding in two sentences."
@@ -51,7 +51,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
     def run_dspark(req: Request):
         """Yields (answer html, stats html, final Progress or None)."""
         drafter = models.drafters.get(req.head) or models.drafters["Markov"]
-        policy, desc, note = verify_policy(req, drafter, profile_for)
+        policy, desc, note = policy_for(req, drafter, profile_for)
         inputs = chat_inputs(tok, req.prompt, target.device)
         gen = dict(max_new_tokens=req.max_new_tokens, **sampling_kwargs(req))
         for p in stream_generate(target, inputs, gen, drafter=drafter, policy=policy, lock=lock, ngram=req.ngram):
@@ -118,7 +118,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
                 ngram = gr.Checkbox(value=True, elem_id="ngram",
                                     label="n-gram drafts (copy from the context where its last 2-4 tokens repeat)")
                 has_none = models.drafters.get("none") is not None
-                head = gr.Radio(list(HEADS), value="Markov", label="sequential head", interactive=has_none)
+                head = gr.Radio(list(HEAD_LABELS), value="Markov", label="sequential head", interactive=has_none)
                 for line in models.info:
                     gr.HTML(f'<div class="quiet-note">{view.esc(line)}</div>')
             with gr.Column(scale=3):

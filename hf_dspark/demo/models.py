@@ -18,14 +18,14 @@ import tokenizers
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..cache import cache_dir
+from ..storage import storage_dir
 from ..decoding.routing import enable
 from ..io import loading
 from ..decoding.assistant import DSparkDrafter
 from ..training import checkpoint
 from ..training.trainer import TrainConfig, train
 
-HEADS = ("Markov", "none")
+HEAD_LABELS = ("Markov", "none")
 HUB_SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded target's source, for Spaces
 UNTRAINED_NOTE = ("untrained drafter: its weights are random, so nearly every draft is rejected (τ≈1) and DSpark "
                   "is slower than plain generate. Pass --drafter PATH, or wait for the shipped drafter.")
@@ -35,7 +35,7 @@ UNTRAINED_NOTE = ("untrained drafter: its weights are random, so nearly every dr
 class DemoModels:
     target: object
     tokenizer: object
-    drafters: dict  # head name in HEADS → DSparkDrafter, or None where that head is not available
+    drafters: dict  # head name in HEAD_LABELS → DSparkDrafter, or None where that head is not available
     description: str
     notes: list[str] = field(default_factory=list)  # what changes how to read the page (shown as a notice)
     untrained: bool = False
@@ -52,7 +52,7 @@ def load_demo_models(target: str | None = None, drafter: str | None = None, draf
     # float32: the race checks token identity with plain generate, which is claimed in float32 only
     model, tok = loading.load_target(target, torch.float32, device)
     name = loading.DEFAULT_TARGET if target is None else target
-    drafters: dict = {h: None for h in HEADS}
+    drafters: dict = {h: None for h in HEAD_LABELS}
     notes, untrained = [], False
     if drafter is not None:
         drafters["Markov"] = DSparkDrafter.from_pretrained(drafter, target=model)
@@ -143,7 +143,7 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
     """Tiny seeded target (pre-trained on a few kB of text) + Markov and none drafters trained `steps` steps on
     its own answers (0 = random drafters). Built once (~1 min on a busy CPU), then loaded from the cache."""
     tok = char_tokenizer()
-    folder = cache_dir() / f"tiny-demo-{TINY_VERSION}-seed{seed}-steps{steps}"
+    folder = storage_dir() / f"tiny-demo-{TINY_VERSION}-seed{seed}-steps{steps}"
     if not (folder / "done").exists():
         tmp = folder.with_name(folder.name + f".tmp{id(tok)}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -153,7 +153,7 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
         target.save_pretrained(tmp / "target")
         if steps > 0:
             recs = _self_answers(target, ids, seed=seed)
-            for h in HEADS:
+            for h in HEAD_LABELS:
                 _train_drafter(target, recs, h.lower(), steps, str(tmp / h.lower()))
         (tmp / "done").write_text("ok")
         shutil.rmtree(folder, ignore_errors=True)
@@ -161,10 +161,10 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
     target = enable(LlamaForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval())
     if steps > 0:
         drafters = {h: DSparkDrafter.from_pretrained(checkpoint.latest(folder / h.lower()) / "drafter", target=target)
-                    for h in HEADS}
+                    for h in HEAD_LABELS}
         kind = f"drafters trained {steps} steps on its answers"
     else:
-        drafters = {h: DSparkDrafter.from_target(target, head_type=h.lower(), mask_token_id=2) for h in HEADS}
+        drafters = {h: DSparkDrafter.from_target(target, head_type=h.lower(), mask_token_id=2) for h in HEAD_LABELS}
         kind = "random drafters"
     notes = [("tiny demo: a 4-layer character model trained for seconds on this package's docstrings, so the "
               "text is only English-looking; the colours are real")]

@@ -46,7 +46,7 @@ def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_T
     return req
 
 
-def verify_policy(req: Request, drafter, profile_fn=None):
+def policy_for(req: Request, drafter, profile_fn=None):
     """(drafter.verify_policy value, readable description, note or '') for the controls.
 
     With the scheduler box and the full block: the library's default policy, "auto" (the scheduler and its draft
@@ -58,7 +58,7 @@ def verify_policy(req: Request, drafter, profile_fn=None):
         if profile_fn:
             profile_fn(drafter)  # measured before generate, so not in its timing
         return "auto", "scheduler + draft gate (default)", ""
-    if req.scheduler and drafter.confidence is None:
+    if req.scheduler and drafter.confidence_head is None:
         note = "this drafter has no confidence head: scheduler off"
         return req.block, f"static ℓ={req.block}", note
     if not req.scheduler:

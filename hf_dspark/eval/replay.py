@@ -102,22 +102,22 @@ def _chains(dr, base, h, prev, vocab, w2):
     """Two left-to-right passes of the sequential head over blocks [C, γ]: teacher-forced (previous token = the
     accepted one: q and c of a draft whose prefix survived) → logits z [C, γ, V'] and c; and the greedy draft's
     own chain (previous token = its own last draft, as `generate` drafts) → draft ids (in V') and its c."""
-    W2 = (dr.head.W2.weight if w2 is None else w2) if dr.head is not None else None
+    W2 = (dr.markov_head.W2.weight if w2 is None else w2) if dr.markov_head is not None else None
     z, own, c_tf, c_own = [], [], [], []
     st_tf = st_own = None
     p_own = prev[:, 0]
     for k in range(base.shape[1]):
         e_tf = e_own = None
         z_tf = z_own = base[:, k]
-        if dr.head is not None:
-            u, e_tf, st_tf = dr.head.pre_bias(prev[:, k], h[:, k], st_tf)
+        if dr.markov_head is not None:
+            u, e_tf, st_tf = dr.markov_head.pre_bias(prev[:, k], h[:, k], st_tf)
             z_tf = z_tf + (u @ W2.T).float()
-            u, e_own, st_own = dr.head.pre_bias(p_own, h[:, k], st_own)
+            u, e_own, st_own = dr.markov_head.pre_bias(p_own, h[:, k], st_own)
             z_own = z_own + (u @ W2.T).float()
         top = z_own.argmax(-1)
-        if dr.confidence is not None:
-            c_tf.append(dr.confidence(h[:, k], e_tf).float())
-            c_own.append(dr.confidence(h[:, k], e_own).float())
+        if dr.confidence_head is not None:
+            c_tf.append(dr.confidence_head(h[:, k], e_tf).float())
+            c_own.append(dr.confidence_head(h[:, k], e_own).float())
         z.append(z_tf)
         own.append(top)
         p_own = vocab[top] if vocab is not None else top

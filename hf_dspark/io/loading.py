@@ -22,7 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
-from ..cache import cache_dir
+from ..storage import storage_dir
 from ..decoding.profile import cpu_has_native_bf16, make_key, profile_path, time_forwards
 from ..decoding.routing import enable
 from ..decoding.assistant import DSparkDrafter
@@ -127,7 +127,7 @@ def default_target_path() -> Path:
     Safe when several processes convert at once (the answer job and the trainer started together): each
     writes its own temporary folder and the first rename wins; the others keep the winner's folder.
     """
-    out = cache_dir() / DEFAULT_TARGET
+    out = storage_dir() / DEFAULT_TARGET
     if _is_converted(out):
         return out
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate without importing (its __init__ needs llama_cpp)

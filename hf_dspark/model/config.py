@@ -13,7 +13,6 @@ from .heads import HEADS
 from .variants import VARIANTS
 
 HEAD_TYPES = tuple(HEADS)
-LAYER_VARIANTS = tuple(VARIANTS)
 
 # Target fields the drafter copies: width, heads, FFN, norms and RoPE must equal the target's
 # because the drafter shares the target's embedding and LM head and taps its residual stream.
@@ -70,8 +69,8 @@ def default_target_layer_ids(num_layers: int, num_taps: int = 5) -> list[int]:
 
 def calibration_entries(calibration, confidence_temperatures) -> list[dict] | None:
     """config.calibration in its canonical form: a list of entries sorted by temperature (copies). A bare dict
-    (one entry; before 2026-12-02 without `confidence_temperatures`) takes the top-level temperatures; anything
-    else is returned as is, for validate() to name."""
+    is one entry (without `confidence_temperatures` it takes the top-level temperatures); anything else is
+    returned as is, for validate() to name."""
     if calibration is None:
         return None
     if isinstance(calibration, dict):
@@ -107,8 +106,8 @@ class DSparkConfig(PretrainedConfig):
             of held-out rounds whose first k drafts all survived). A generate call
             scales confidences with the entry nearest its temperature (a draft's survival law differs between
             greedy and sampling), and the draft gate starts from `prefix_survival` when the call decodes at
-            exactly t, instead of learning it again. A single dict without `confidence_temperatures` (the
-            format before 2026-12-02) is read as one entry with the top-level temperatures.
+            exactly t, instead of learning it again. A single dict is read as one entry (without
+            `confidence_temperatures`: with the top-level temperatures).
         qk_norm (`bool`, defaults to True): per-head RMSNorm on queries/keys (Qwen3-style drafter layers).
         layer_variant (`str`, defaults to "default"): "default" = pre-norm Llama/Qwen3 layers; "gemma4" = DeepSpec's
             Gemma-4 drafter layers (sandwich norms, fp32 Gemma RMSNorm, scale-free RMSNorm on V, attention scale 1,
@@ -196,8 +195,8 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(f"block_size must be an int in [1, 64], got {self.block_size!r}")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
-        if self.layer_variant not in LAYER_VARIANTS:
-            raise ValueError(f"layer_variant must be one of {LAYER_VARIANTS}, got {self.layer_variant!r}")
+        if self.layer_variant not in VARIANTS:
+            raise ValueError(f"layer_variant must be one of {tuple(VARIANTS)}, got {self.layer_variant!r}")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
         if type(self.mask_token_id) is not int and self.mask_token_id is not None:
@@ -250,7 +249,7 @@ class DSparkConfig(PretrainedConfig):
     def calibration_at(self, temperature: float | None) -> dict | None:
         """The calibration entry measured nearest to a call's sampling temperature (0 = greedy; ties: the lower
         one); None without entries or when the temperature is unknown."""
-        # called every drafted round: a list is read as it is (min needs no order); only a legacy dict is converted
+        # called every drafted round: a list is read as it is (min needs no order); only a single dict is converted
         entries = self.calibration if isinstance(self.calibration, list) else \
             calibration_entries(self.calibration, self.confidence_temperatures)
         if not entries or temperature is None:

@@ -30,11 +30,11 @@ from transformers.utils import cached_file
 from .binding import placement, validate_pair
 from .config import DSparkConfig, calibration_entries
 from .heads import HEADS
-from .variants import VARIANTS as LAYER_VARIANTS
+from .variants import VARIANTS
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = {v.deepspec_architecture: name for name, v in LAYER_VARIANTS.items()}  # architectures[0] → layer_variant
+ARCHITECTURES = {v.deepspec_architecture: name for name, v in VARIANTS.items()}  # architectures[0] → layer_variant
 _FOREIGN = {
     "Qwen3Eagle3Model": "a DeepSpec Eagle3 drafter (autoregressive, not DSpark)",
     "Gemma4Eagle3Model": "a DeepSpec Eagle3 drafter (autoregressive, not DSpark)",
@@ -127,7 +127,7 @@ def is_deepspec_checkpoint(path, **kwargs) -> bool:
     arch = (archs or [None])[0]
     if arch in _FOREIGN:
         raise DeepSpecFormatError(f"{path} holds {_FOREIGN[arch]} (architectures[0] = {arch!r})")
-    return arch in VARIANTS
+    return arch in ARCHITECTURES
 
 
 def weight_files(path, **kwargs) -> list[Path]:
@@ -185,9 +185,9 @@ def _require(raw: dict, names, why: str = "") -> None:
 def config_from_deepspec(raw: dict) -> DSparkConfig:
     """A DeepSpec config.json (dict) → our DSparkConfig. Errors name the field."""
     arch = (raw.get("architectures") or [None])[0]
-    if arch not in VARIANTS:
-        raise DeepSpecFormatError(f"architectures[0] = {arch!r}: not a DeepSpec DSpark drafter {sorted(VARIANTS)}")
-    gemma = VARIANTS[arch] == "gemma4"
+    if arch not in ARCHITECTURES:
+        raise DeepSpecFormatError(f"architectures[0] = {arch!r}: not a DeepSpec DSpark drafter {sorted(ARCHITECTURES)}")
+    gemma = ARCHITECTURES[arch] == "gemma4"
     _require(raw, ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                    "rms_norm_eps", "block_size", "mask_token_id", "target_layer_ids", "markov_rank",
                    "enable_confidence_head", "num_target_layers"])
@@ -231,7 +231,7 @@ def config_from_deepspec(raw: dict) -> DSparkConfig:
         head_type=HEAD_TYPES[raw["markov_head_type"]] if rank > 0 else "none", markov_rank=rank,
         confidence_head=bool(raw["enable_confidence_head"]),
         confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", False)),
-        qk_norm=True, layer_variant=VARIANTS[arch], target_num_hidden_layers=raw["num_target_layers"],
+        qk_norm=True, layer_variant=ARCHITECTURES[arch], target_num_hidden_layers=raw["num_target_layers"],
         vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
         num_attention_heads=raw["num_attention_heads"], rms_norm_eps=raw["rms_norm_eps"],
         rope_parameters=copy.deepcopy(rope), max_position_embeddings=raw.get("max_position_embeddings", 8192),
@@ -254,8 +254,8 @@ class _Dims:
     def present(self, when: str) -> bool:
         c = self.config
         return {"always": True, "shared": True, "v_proj": not c.attention_k_eq_v,
-                "sandwich": LAYER_VARIANTS[c.layer_variant].sandwich,
-                "sandwich_optional": LAYER_VARIANTS[c.layer_variant].sandwich,
+                "sandwich": VARIANTS[c.layer_variant].sandwich,
+                "sandwich_optional": VARIANTS[c.layer_variant].sandwich,
                 "markov": c.head_type != "none", "confidence": c.confidence_head}.get(when, when == f"head:{c.head_type}")
 
 
@@ -306,7 +306,7 @@ def write_calibration(folder, temperatures, fc_weight: torch.Tensor, calibration
                       **info) -> Path:
     """Write `dspark_calibration.json` beside a DeepSpec checkpoint: the per-position STS temperatures and, if
     given, the entries per sampling temperature (`config.calibration`: their STS temperatures and measured
-    survival, the draft gate's prior, verify_policy.py)."""
+    survival, the draft gate's prior, policy.py)."""
     out = Path(folder) / CALIBRATION_FILE
     payload = {"format": "hf_dspark.calibration/1", "confidence_temperatures": [float(t) for t in temperatures],
                "fc_weight_sha256": fingerprint(fc_weight), **info}

@@ -123,7 +123,8 @@ class DSparkDraftModel(PreTrainedModel):
         self.layers = nn.ModuleList(DSparkLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = Norm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        # Module names follow DeepSpec's checkpoints (markov_head.markov_w1, confidence_head.proj, ...).
+        # Module names follow DeepSpec's checkpoints (markov_head.markov_w1, confidence_head.proj, ...): markov_head
+        # is the sequential head of any type (MarkovHead, RNNHead, ...; None for the DFlash ablation).
         self.markov_head = build_head(config)
         rank = config.markov_rank if self.markov_head is not None else 0
         with_prev = config.confidence_head_with_markov and rank > 0
@@ -135,16 +136,6 @@ class DSparkDraftModel(PreTrainedModel):
         self.__dict__["_target"] = None  # a plain attribute: the target is never a submodule of ours
         self.deepspec_source: str | None = None  # the DeepSpec checkpoint this drafter was loaded from (deepspec.py)
         self.post_init()
-
-    @property
-    def head(self):
-        """The sequential head (MarkovHead / RNNHead), or None for the DFlash ablation."""
-        return self.markov_head
-
-    @property
-    def confidence(self):
-        """The confidence head, or None."""
-        return self.confidence_head
 
     # ---- binding ---------------------------------------------------------------------------------
     @property
@@ -158,7 +149,7 @@ class DSparkDraftModel(PreTrainedModel):
         """The target this drafter is bound to, or None."""
         return self._target
 
-    def bind(self, target) -> "DSparkDraftModel":
+    def bind(self, target) -> DSparkDraftModel:
         """Share `target`'s embedding, LM head and taps, after checking the pair fits (sizes, vocabulary, taps,
         mask token, placement). Raises ValueError naming the first mismatch."""
         validate_pair(self, target)
@@ -166,7 +157,7 @@ class DSparkDraftModel(PreTrainedModel):
         return self
 
     @classmethod
-    def from_target(cls, target, **overrides) -> "DSparkDraftModel":
+    def from_target(cls, target, **overrides) -> DSparkDraftModel:
         """A fresh, randomly initialised drafter sized for `target` (the start for training and for tests).
         `overrides` are DSparkConfig fields (block_size, num_hidden_layers, head_type, mask_token_id, ...)."""
         if "mask_token_id" not in overrides:
@@ -217,7 +208,7 @@ class DSparkDraftModel(PreTrainedModel):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def set_draft_vocab(self, token_ids) -> "DSparkDraftModel":
+    def set_draft_vocab(self, token_ids) -> DSparkDraftModel:
         """Draft from these token ids only (e.g. the most frequent ones in the target's own answers; include EOS).
         Lossless for any subset: q is 0 outside it. Pass None to draft from the full vocabulary again."""
         if token_ids is None:  # drop the buffer first: assigning None to a registered buffer keeps it registered
@@ -237,7 +228,7 @@ class DSparkDraftModel(PreTrainedModel):
         """(vocab [V'] or None, LM-head rows [V', d], W2 rows [V', r] or None) for drafting: gathered once per
         generate() call, so a pruned vocabulary costs V'/V of the full LM-head and Markov matmuls."""
         head = self.target.get_output_embeddings().weight
-        w2 = self.head.W2.weight if self.head is not None else None
+        w2 = self.markov_head.W2.weight if self.markov_head is not None else None
         if self.draft_vocab is None:
             return None, head, w2
         vocab = self.draft_vocab.to(head.device)
@@ -291,13 +282,13 @@ class DSparkDraftModel(PreTrainedModel):
         positions = torch.arange(cur_len - 1, cur_len - 1 + slots, device=self.device)[None]
         h = self.backbone(self.embed(torch.cat([anchor, masks], dim=-1)), positions, context_kv)[0, :n]
         vocab, lm_rows, w2_rows = weights if weights is not None else self.draft_weights()
-        block = draft_block(self.base_logits(h, lm_rows), h, anchor[0, 0], self.head, self.confidence, prefix_ids,
+        block = draft_block(self.base_logits(h, lm_rows), h, anchor[0, 0], self.markov_head, self.confidence_head, prefix_ids,
                             processor, do_sample, vocab=vocab, w2=w2_rows, vocab_size=self.config.vocab_size)
         if do_sample and bool((torch.isnan(block.logits) | torch.isposinf(block.logits)).any()):
             # q must be a distribution for rejection sampling; greedy drafts need none (the target judges them)
             raise ValueError(f"the drafter produced NaN/+inf logits at sequence length {prefix_ids.shape[1]} "
                              "(its weights or the target's hidden states are not finite)")
-        if self.confidence is not None:
+        if self.confidence_head is not None:
             block.confidences = self.confidence_probs(block.conf_logits, temperature).cpu()
         return block
 

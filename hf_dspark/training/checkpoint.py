@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 PREFIX = "checkpoint-"
-SHARD = "45MB"  # each weight file stays small enough for a git host's per-file limit
 
 
 class CheckpointError(ValueError):
@@ -36,9 +35,11 @@ def latest(out: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name[len(PREFIX):])) if found else None
 
 
-def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict], config: dict) -> Path:
+def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict], config: dict,
+         max_shard_size: str | None = None) -> Path:
     """Write the run's state at `step` atomically (module docstring): `scheduler` runs a `schedule.lr_lambda`
-    (its planned total and re-plans are saved), `epochs` are the data plan's. Returns the checkpoint folder."""
+    (its planned total and re-plans are saved), `epochs` are the data plan's; max_shard_size: split weight files at
+    this size ("45MB"; None: transformers' default). Returns the checkpoint folder."""
     out = Path(out)
     plan = scheduler.lr_lambdas[0]
     progress = {"total": plan.total, "epochs": epochs, **({"replans": plan.replans} if plan.replans else {})}
@@ -46,8 +47,9 @@ def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict]
     for leftover in out.glob(f".{PREFIX}*.partial"):  # an earlier save that was killed
         shutil.rmtree(leftover)
     partial.mkdir(parents=True)
-    _write_drafter(partial, drafter)
-    _write_optimizer(partial, optimizer, scheduler, step)
+    shard = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    drafter.save_pretrained(partial / "drafter", **shard)
+    _write_optimizer(partial, optimizer, scheduler, step, shard)
     _write_json(partial / "progress.json", {"step": step, **progress})
     _write_json(partial / "train_config.json", config)
     _write_manifest(partial, step)
@@ -56,11 +58,7 @@ def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict]
     return final
 
 
-def _write_drafter(folder: Path, drafter) -> None:
-    drafter.save_pretrained(folder / "drafter", max_shard_size=SHARD)
-
-
-def _write_optimizer(folder: Path, optimizer, scheduler, step: int) -> None:
+def _write_optimizer(folder: Path, optimizer, scheduler, step: int, shard: dict) -> None:
     from huggingface_hub import save_torch_state_dict
 
     sd = optimizer.state_dict()
@@ -68,7 +66,7 @@ def _write_optimizer(folder: Path, optimizer, scheduler, step: int) -> None:
     tensors["torch_rng"] = torch.get_rng_state()
     (folder / "optimizer").mkdir()
     save_torch_state_dict(tensors, folder / "optimizer", filename_pattern="optimizer{suffix}.safetensors",
-                          max_shard_size=SHARD)
+                          **shard)
     sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
     _write_json(folder / "optimizer" / "optimizer.json", {"step": step, "param_groups": sd["param_groups"],
                                                          "scheduler": sched})

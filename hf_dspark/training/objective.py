@@ -35,10 +35,10 @@ class DraftObjective(nn.Module):
         head_w = None if vocab is None else dr.target.get_output_embeddings().weight[vocab]
         logits = dr.base_logits(h, head_w)  # U [K, γ, V or V'] float32
         emb = None
-        if dr.head is not None:
-            bias, emb = dr.head.block(prev, h, None if vocab is None else dr.head.W2.weight[vocab])
+        if dr.markov_head is not None:
+            bias, emb = dr.markov_head.block(prev, h, None if vocab is None else dr.markov_head.W2.weight[vocab])
             logits = logits + bias.float()
-        conf = dr.confidence(h, emb) if dr.confidence is not None else None
+        conf = dr.confidence_head(h, emb) if dr.confidence_head is not None else None
         with torch.no_grad():  # p^t of slot j = LMHead(last_hidden[a+j]): once per position, not once per slot
             pos = blocks.positions.clamp(max=n - 1) + n * torch.arange(B, device=h.device).view(B, 1, 1)
             flat = pos.view(B * N, g)[keep]  # [K, γ] index into the B·n positions

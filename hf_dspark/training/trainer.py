@@ -55,6 +55,7 @@ class TrainConfig:
     eval_every: int = 50
     save_every: int = 100
     cache_dir: str | None = None
+    max_shard_size: str | None = None  # split saved weight files at this size (None: transformers' default)
     seed: int = 0
     threads: int | None = None
     log_every: int = 1
@@ -325,7 +326,8 @@ def _log(run: _Run, rec: dict, bar) -> None:
 def _save(run: _Run, step: int) -> None:
     run.acc.wait_for_everyone()
     if run.acc.is_main_process:
-        checkpoint.save(run.out, step, run.drafter, run.opt, run.sched, run.plan.epochs, run.cfg.__dict__)
+        checkpoint.save(run.out, step, run.drafter, run.opt, run.sched, run.plan.epochs, run.cfg.__dict__,
+                        run.cfg.max_shard_size)
 
 
 # ---- evaluation ------------------------------------------------------------------------------------------

@@ -372,7 +372,7 @@ def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
     """drafter.ngram_drafts: every round whose last 2-4 tokens occurred before verifies exactly the tokens that
     followed their latest earlier occurrence (tests/decoding/test_ngram.py's brute force), up to the policy's cap and the
     length limit, and only the other rounds consult the draft gate; the output stays identical."""
-    from hf_dspark.decoding.verify_policy import VerifyPolicy
+    from hf_dspark.decoding.policy import VerifyPolicy
     from tests.decoding.test_ngram import brute_force
 
     recorded = []

@@ -48,7 +48,7 @@ def pair():
     torch.manual_seed(1)
     dr = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 1], head_type="markov", markov_rank=4)
     with torch.no_grad():  # a strong Markov bias, so the head matters for what is drafted
-        for p in dr.head.parameters():
+        for p in dr.markov_head.parameters():
             p.normal_(0.0, 1.0)
     return model, dr
 
@@ -124,7 +124,7 @@ def test_sampled_paths_consume_the_generator_differently(models, monkeypatch):
             with torch.no_grad():
                 n, vd = 4, 48
                 base = torch.randn(n, vd)
-                heads.draft_block(base, torch.randn(n, 16), torch.tensor(3), dr.head, dr.confidence,
+                heads.draft_block(base, torch.randn(n, 16), torch.tensor(3), dr.markov_head, dr.confidence_head,
                                   PROMPT, None, True, vocab_size=48, backend=name)
         finally:
             monkeypatch.setattr(torch, "rand", real_rand)

@@ -61,7 +61,7 @@ def test_bad_per_call_options_are_named():
 
     model, drafter = _pair()
     prompt = torch.tensor([[5, 17, 3]])
-    with pytest.raises(ValueError, match="DecodingOptions"):
+    with pytest.raises(TypeError, match="DecodingOptions"):
         model.generate(prompt, max_new_tokens=2, assistant_model=drafter, dspark_options="all")
     with pytest.raises(ValueError, match="assistant_model"):
         model.generate(prompt, max_new_tokens=2, dspark_options=DecodingOptions())

@@ -32,9 +32,9 @@ def setup(head="markov", block=3, seed=0, draft_vocab=None, eos=None):
     drafter.options = DecodingOptions("all", ngram_drafts=False)  # these cases are about every head under "all"
     if draft_vocab is not None:
         drafter.set_draft_vocab(draft_vocab)
-    if drafter.head is not None:  # a strong sequential bias, so q differs a lot from the base logits
+    if drafter.markov_head is not None:  # a strong sequential bias, so q differs a lot from the base logits
         with torch.no_grad():
-            for p in drafter.head.parameters():
+            for p in drafter.markov_head.parameters():
                 p.normal_(0.0, 1.0)
     return model, drafter
 

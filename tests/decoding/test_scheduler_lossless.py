@@ -26,8 +26,8 @@ def synthetic_profile(model, drafter, verify_time) -> DeviceProfile:
 def spread_confidence(drafter):
     """Random confidence weights of unit scale: c_k spreads over (0, 1) and depends strongly on x_{k-1}."""
     with torch.no_grad():
-        drafter.confidence.proj.weight.normal_(0.0, 1.0)
-        drafter.confidence.proj.bias.zero_()
+        drafter.confidence_head.proj.weight.normal_(0.0, 1.0)
+        drafter.confidence_head.proj.bias.zero_()
 
 
 def scheduled_setup(policy, verify_time=GENTLE):
@@ -108,10 +108,10 @@ def gated_setup(policy, verify_time):
     drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 1], markov_rank=4, mask_token_id=7)
     d = drafter.config.hidden_size
     with torch.no_grad():
-        drafter.confidence.proj.weight.zero_()
-        drafter.confidence.proj.weight[0, d] = 20.0  # reads W1[x_{k-1}][0] only
-        drafter.confidence.proj.bias.zero_()
-        drafter.head.W1.weight[:, 0] = torch.tensor([1.0] * 6 + [-1.0] * 2)
+        drafter.confidence_head.proj.weight.zero_()
+        drafter.confidence_head.proj.weight[0, d] = 20.0  # reads W1[x_{k-1}][0] only
+        drafter.confidence_head.proj.bias.zero_()
+        drafter.markov_head.W1.weight[:, 0] = torch.tensor([1.0] * 6 + [-1.0] * 2)
     drafter.device_profile = synthetic_profile(model, drafter, verify_time)
     drafter.verify_policy = policy
     return model, drafter
@@ -214,7 +214,7 @@ def test_ngram_drafts_cap_is_the_best_prefix_reach_at_their_own_overhead():
     (scheduler.max_verified); an n-gram round pays only the roll-back and is capped at the best prefix's reach
     (scheduler.best_prefix_reach). A linear curve shows the overheads: with a 5-step drafter 4 drafts can pay,
     with no fixed cost no draft ever can (1 + a tokens for 2 steps)."""
-    from hf_dspark.decoding.verify_policy import VerifyPolicy
+    from hf_dspark.decoding.policy import VerifyPolicy
 
     model, drafter = setup(block=4)
     drafter.device_profile = synthetic_profile(model, drafter, [1.0, 2.0, 3.0, 4.0, 5.0])
@@ -255,7 +255,7 @@ def test_sampling_exact_with_the_default_options():
 def test_auto_without_a_confidence_head_verifies_the_profiles_reach_behind_the_gate():
     """"auto" on a drafter without a confidence head (where "scheduler" is refused): a static length, the most
     the scheduler could verify on the profile, and the same draft gate; greedy output stays plain's."""
-    from hf_dspark.decoding.verify_policy import VerifyPolicy
+    from hf_dspark.decoding.policy import VerifyPolicy
 
     model = tiny_target()
     torch.manual_seed(1)
@@ -372,7 +372,7 @@ def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
     """config.calibration's prefix survival, at the temperature it was measured at (0 = greedy), becomes the gate's
     prior: the policy's own length on the conditional rates and its accepted drafts, priced by the gate on the profile. Another
     temperature, or no calibration, gives no prior."""
-    from hf_dspark.decoding.verify_policy import VerifyPolicy
+    from hf_dspark.decoding.policy import VerifyPolicy
 
     model, drafter = scheduled_setup("auto", [1.0, 1.1, 1.2, 1.3])
     assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=1.0)._gate_prior(1.0) is None  # not calibrated

@@ -14,7 +14,7 @@ from hf_dspark.demo.session import (
     check_request,
     sampling_kwargs,
     stream_generate,
-    verify_policy,
+    policy_for,
 )
 
 torch.set_num_threads(1)
@@ -113,7 +113,7 @@ def test_request_limits():
 class _Drafter:
     def __init__(self, gamma=7, confidence=True):
         self.config = type("C", (), {"block_size": gamma})()
-        self.confidence = object() if confidence else None
+        self.confidence_head = object() if confidence else None
 
 
 class _Profile:
@@ -121,21 +121,21 @@ class _Profile:
         return 5
 
 
-def test_verify_policy_from_controls():
+def test_policy_for_the_controls():
     d = _Drafter()
     assert (Request("p").scheduler, Request("p").ngram) == (True, True)  # the library's defaults
-    assert verify_policy(Request("p", block=7), d)[:2] == ("auto", "scheduler + draft gate (default)")
-    assert verify_policy(Request("p", block=7, scheduler=False), d)[0] == "all"
-    assert verify_policy(Request("p", block=3, scheduler=False), d)[0] == 3
+    assert policy_for(Request("p", block=7), d)[:2] == ("auto", "scheduler + draft gate (default)")
+    assert policy_for(Request("p", block=7, scheduler=False), d)[0] == "all"
+    assert policy_for(Request("p", block=3, scheduler=False), d)[0] == 3
     measured = []
-    assert verify_policy(Request("p", block=7), d, lambda dr: measured.append(dr))[0] == "auto"
+    assert policy_for(Request("p", block=7), d, lambda dr: measured.append(dr))[0] == "auto"
     assert measured == [d]  # the profile is measured before generate, not inside its timing
-    capped, desc, _ = verify_policy(Request("p", block=3, scheduler=True), d, lambda _: _Profile())
+    capped, desc, _ = policy_for(Request("p", block=3, scheduler=True), d, lambda _: _Profile())
     assert capped(torch.ones(7)) == 3 and "≤ 3" in desc
     # no confidence head: "auto" still works at the full block (the profile's reach behind the gate) ...
-    assert verify_policy(Request("p", block=7), _Drafter(confidence=False)) == ("auto", "scheduler + draft gate (default)", "")
+    assert policy_for(Request("p", block=7), _Drafter(confidence=False)) == ("auto", "scheduler + draft gate (default)", "")
     # ... a capped scheduler cannot: static length, said so
-    policy, _, note = verify_policy(Request("p", block=3, scheduler=True), _Drafter(confidence=False))
+    policy, _, note = policy_for(Request("p", block=3, scheduler=True), _Drafter(confidence=False))
     assert policy == 3 and "no confidence head" in note
 
 

@@ -88,7 +88,7 @@ def test_conversion_keeps_the_folder_another_process_finished_first(tmp_path, mo
         for name in ("model.safetensors", "tokenizer.json"):
             (out / name).write_text("theirs")
 
-    monkeypatch.setattr(loading, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(loading, "storage_dir", lambda: tmp_path)
     monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained",
                         lambda *a, **k: _FakeSaved("model.safetensors", other_process_wins))
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: _FakeSaved("tokenizer.json"))
@@ -103,7 +103,7 @@ def test_conversion_replaces_a_half_written_folder(tmp_path, monkeypatch):
     out = tmp_path / loading.DEFAULT_TARGET
     out.mkdir()
     (out / "model.safetensors").write_text("half")  # no tokenizer.json: an interrupted old conversion
-    monkeypatch.setattr(loading, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(loading, "storage_dir", lambda: tmp_path)
     monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: _FakeSaved("model.safetensors"))
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", lambda *a, **k: _FakeSaved("tokenizer.json"))
     assert loading.default_target_path() == out

@@ -44,7 +44,7 @@ def test_synthetic_checkpoint_loads_and_keeps_greedy_identity(tmp_path, family, 
     c = drafter.config
     assert c.head_type == {"vanilla": "markov", "gated": "gated", "rnn": "rnn"}[kw.get("head", "vanilla")] \
         if kw.get("rank", 8) else c.head_type == "none"
-    assert (drafter.confidence is not None) == kw.get("conf", True)
+    assert (drafter.confidence_head is not None) == kw.get("conf", True)
     assert c.layer_variant == ("gemma4" if family == "gemma4" else "default")
     stored = load_file(folder / "model.safetensors")
     ours = drafter.state_dict()

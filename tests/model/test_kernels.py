@@ -116,22 +116,22 @@ def tiny_pair(head="markov", vocab=None):
     if vocab is not None:
         dr.set_draft_vocab(vocab)
     with torch.no_grad():  # a strong Markov bias, so a wrong bias would change tokens
-        for p in (dr.head.parameters() if dr.head is not None else ()):
+        for p in (dr.markov_head.parameters() if dr.markov_head is not None else ()):
             p.normal_(0.0, 1.0)
     return model, dr
 
 
 def test_kernel_plan_names_what_forces_the_reference():
     _, dr = tiny_pair()
-    assert heads.kernel_plan(dr.head, dr.confidence, None) == {"temperature": None, "top_k": None}
+    assert heads.kernel_plan(dr.markov_head, dr.confidence_head, None) == {"temperature": None, "top_k": None}
     procs = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
-    assert heads.kernel_plan(dr.head, dr.confidence, procs) == {"temperature": 0.7, "top_k": 5}
-    assert "TopPLogitsWarper" in heads.kernel_plan(dr.head, dr.confidence, LogitsProcessorList([TopPLogitsWarper(0.9)]))
+    assert heads.kernel_plan(dr.markov_head, dr.confidence_head, procs) == {"temperature": 0.7, "top_k": 5}
+    assert "TopPLogitsWarper" in heads.kernel_plan(dr.markov_head, dr.confidence_head, LogitsProcessorList([TopPLogitsWarper(0.9)]))
     assert "TemperatureLogitsWarper" in heads.kernel_plan(  # top-k then temperature is not transformers' order
-        dr.head, dr.confidence, LogitsProcessorList([TopKLogitsWarper(5), TemperatureLogitsWarper(0.7)]))
-    assert "TopKLogitsWarper" in heads.kernel_plan(dr.head, dr.confidence, LogitsProcessorList([TopKLogitsWarper(999)]))
+        dr.markov_head, dr.confidence_head, LogitsProcessorList([TopKLogitsWarper(5), TemperatureLogitsWarper(0.7)]))
+    assert "TopKLogitsWarper" in heads.kernel_plan(dr.markov_head, dr.confidence_head, LogitsProcessorList([TopKLogitsWarper(999)]))
     _, rnn = tiny_pair("rnn")
-    assert "RNNHead" in heads.kernel_plan(rnn.head, rnn.confidence, None)
+    assert "RNNHead" in heads.kernel_plan(rnn.markov_head, rnn.confidence_head, None)
 
 
 def test_backend_env(monkeypatch):
@@ -180,7 +180,7 @@ def test_dispatch_draft_equals_reference(kernel_path):
     vocab, lm_rows, w2 = dr.draft_weights()
     base = dr.base_logits(h, lm_rows)
     prefix = torch.tensor([[5, 6, 9]], device=DEVICE)
-    args = (base, h, torch.tensor(9, device=DEVICE), dr.head, dr.confidence, prefix, None, False)
+    args = (base, h, torch.tensor(9, device=DEVICE), dr.markov_head, dr.confidence_head, prefix, None, False)
     with torch.no_grad():
         got = heads.draft_block(*args, vocab=vocab, w2=w2, vocab_size=48, backend="triton")
         want = heads.sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=48)

@@ -73,7 +73,7 @@ class VerifyPolicy:
         self.ngram_survival: SurvivalEstimate | None = None  # n-gram drafts' c_k, under the scheduler
         if callable(spec):
             self._length: Callable = spec
-            self.needs_confidence = drafter.confidence is not None
+            self.needs_confidence = drafter.confidence_head is not None
         elif isinstance(spec, str) and spec == "all":
             self._length = lambda conf, n: n
         elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
@@ -87,7 +87,7 @@ class VerifyPolicy:
             overhead = self.profile.round_overhead
             reach = max_verified(self.profile.verify_time, overhead)
             self.max_drafts = min(reach, self.max_drafts)
-            if spec == "scheduler" or drafter.confidence is not None:
+            if spec == "scheduler" or drafter.confidence_head is not None:
                 self._length, self.needs_confidence = (lambda conf, n: self.profile.verify_length(conf)), True
             else:  # "auto" without a confidence head: the most the scheduler could verify, the gate decides if at all
                 self._length = lambda conf, n: min(self.max_drafts, n)
@@ -102,7 +102,7 @@ class VerifyPolicy:
                 f"drafter.verify_policy must be 'auto', 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "
                 f"'scheduler' or a callable; got {spec!r}"
             )
-        if self.needs_confidence and drafter.confidence is None and not callable(spec):
+        if self.needs_confidence and drafter.confidence_head is None and not callable(spec):
             raise ValueError(f"verify_policy={spec!r} needs the drafter's confidence head (confidence_head=True)")
 
     @classmethod
