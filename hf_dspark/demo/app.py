@@ -26,9 +26,10 @@ from .session import (
     Request,
     chat_inputs,
     check_request,
+    policy_for,
+    race,
     sampling_kwargs,
     stream_generate,
-    policy_for,
 )
 
 EXAMPLE = "Explain speculative decoding in two sentences."
@@ -48,20 +49,23 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
             profiles[id(drafter)] = get_profile(target, drafter, measure=True)
         return profiles[id(drafter)]
 
-    def run_dspark(req: Request):
-        """Yields (answer html, stats html, final Progress or None)."""
+    def drafter_for(req: Request):
         drafter = models.drafters.get(req.head) or models.drafters["Markov"]
         policy, desc, note = policy_for(req, drafter, profile_for)
-        inputs = chat_inputs(tok, req.prompt, target.device)
-        gen = dict(max_new_tokens=req.max_new_tokens, **sampling_kwargs(req))
-        for p in stream_generate(target, inputs, gen, drafter=drafter, policy=policy, lock=lock, ngram=req.ngram):
-            if p.error is not None:
-                raise gr.Error(f"generation failed: {type(p.error).__name__}: {p.error}")
-            fates = view.classify(p.recorder.first_ids, p.rounds, req.block)
-            n = len(view.committed_ids(fates))
-            yield (view.answer_html(req.prompt, fates, decode, p.done, note),
-                   view.stats_html(p.stats, n, p.elapsed, req.block, desc + (" + n-gram drafts" if req.ngram else "")),
-                   p if p.done else None)
+        return drafter, policy, desc + (" + n-gram drafts" if req.ngram else ""), note
+
+    def inputs_for(req: Request):
+        return chat_inputs(tok, req.prompt, target.device), dict(max_new_tokens=req.max_new_tokens,
+                                                                  **sampling_kwargs(req))
+
+    def shown(req: Request, p, desc: str, note: str):
+        """(answer html, stats html) of a DSpark Progress."""
+        if p.error is not None:
+            raise gr.Error(f"generation failed: {type(p.error).__name__}: {p.error}")
+        fates = view.classify(p.recorder.first_ids, p.rounds, req.block)
+        n = len(view.committed_ids(fates))
+        return (view.answer_html(req.prompt, fates, decode, p.done, note),
+                view.stats_html(p.stats, n, p.elapsed, req.block, desc))
 
     def request(prompt, max_new, temperature, top_p, block, scheduler, head, ngram) -> Request:
         try:
@@ -72,27 +76,25 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
 
     def on_generate(*controls):
         req = request(*controls)
-        for answer, stats, _ in run_dspark(req):
-            yield answer, stats, ""
+        drafter, policy, desc, note = drafter_for(req)
+        inputs, gen = inputs_for(req)
+        for p in stream_generate(target, inputs, gen, drafter=drafter, policy=policy, lock=lock, ngram=req.ngram):
+            yield (*shown(req, p, desc, note), "")
 
     def on_race(*controls):
+        """session.race: DSpark, then plain generate, each timed alone; the stats panel's tokens/s and the race
+        line are the same measurement."""
         req = request(*controls)
-        final = None
-        for answer, stats, final_ in run_dspark(req):
-            final = final_ or final
-            yield answer, stats, '<div class="dspark-race">DSpark running… plain generate next</div>'
-        n_dspark = len(final.recorder.ids)
-        inputs = chat_inputs(tok, req.prompt, target.device)
-        gen = dict(max_new_tokens=req.max_new_tokens, **sampling_kwargs(req))
-        for p in stream_generate(target, inputs, gen, lock=lock):
-            if p.error is not None:
-                raise gr.Error(f"plain generate failed: {p.error}")
-            text = tok.decode(p.recorder.ids, skip_special_tokens=True)
-            race = view.plain_html(text, p.done)
-            if p.done:
-                same = None if req.temperature > 0 else torch.equal(p.output, final.output)
-                race = view.race_html(n_dspark / final.elapsed, len(p.recorder.ids) / p.elapsed, same) + race
-            yield answer, stats, race
+        drafter, policy, desc, note = drafter_for(req)
+        inputs, gen = inputs_for(req)
+        yield view.legend_html(), "", '<div class="dspark-race">racing: DSpark, then plain generate…</div>'
+        dspark, plain = race(target, inputs, gen, drafter, policy, req.ngram, lock)
+        answer, stats = shown(req, dspark, desc, note)
+        if plain.error is not None:
+            raise gr.Error(f"plain generate failed: {plain.error}")
+        same = None if req.temperature > 0 else torch.equal(plain.output, dspark.output)
+        line = view.race_html(len(dspark.recorder.ids) / dspark.elapsed, len(plain.recorder.ids) / plain.elapsed, same)
+        yield answer, stats, line + view.plain_html(tok.decode(plain.recorder.ids, skip_special_tokens=True), True)
 
     with gr.Blocks(title="DSpark speculative decoding") as demo:
         gr.Markdown(f"## DSpark speculative decoding, live\n{view.esc(models.description)}. Each answer token is "

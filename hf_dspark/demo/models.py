@@ -18,10 +18,10 @@ import tokenizers
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..storage import storage_dir
+from ..decoding.assistant import DSparkDrafter
 from ..decoding.routing import enable
 from ..io import loading
-from ..decoding.assistant import DSparkDrafter
+from ..storage import storage_dir
 from ..training import checkpoint
 from ..training.trainer import TrainConfig, train
 

@@ -110,7 +110,7 @@ class Recorder(BaseStreamer):
 class Progress:
     recorder: Recorder
     stats: object | None  # DSparkStats of this run, once the candidate generator exists
-    elapsed: float
+    elapsed: float  # seconds so far; once done, the generate() call's own time (what the race compares)
     done: bool
     output: torch.Tensor | None = None
     error: BaseException | None = None
@@ -118,11 +118,12 @@ class Progress:
 
 
 def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy="all", poll: float = 0.15,
-                    lock: threading.Lock | None = None, ngram: bool = False) -> Iterator[Progress]:
+                    lock: threading.Lock | None = None, ngram: bool = False, live: bool = True) -> Iterator[Progress]:
     """Run generate (with `drafter` as assistant under verify `policy` and `ngram` drafts, or plain) in a thread;
-    yield a Progress
-    every `poll` s and once at the end. `lock` serialises generations on one model: the drafter's policy and
-    last_stats are per model. If the consumer goes away (a closed browser tab), the run is cancelled."""
+    yield a Progress every `poll` s (only if `live`) and once at the end, whose `elapsed` is the generate() call's
+    own time, timed in its thread. A race runs both sides with live=False: rendering while the other side decodes
+    would tax whichever side shows more. `lock` serialises generations on one model: the drafter's last_stats
+    are per model. If the consumer goes away (a closed browser tab), the run is cancelled."""
     rec, cancel = Recorder(), _Cancel()
     box: dict = {}
 
@@ -132,8 +133,10 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
             if drafter is not None:
                 kw.update(assistant_model=drafter, dspark_options=dataclasses.replace(
                     drafter.options, verify_policy=policy, ngram_drafts=ngram))
+            t = time.perf_counter()
             with torch.no_grad():
                 box["out"] = model.generate(**inputs, **kw)
+            box["seconds"] = time.perf_counter() - t
         except BaseException as e:  # noqa: BLE001 -- shown to the user, not lost in the thread
             box["error"] = e
         finally:
@@ -147,17 +150,29 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
         thread.start()
         try:
             while thread.is_alive():
-                thread.join(poll)
-                stats = drafter.last_stats if drafter is not None else None
-                rounds = list(stats.rounds) if stats is not None else []
-                yield Progress(rec, stats, time.perf_counter() - t0, False, rounds=rounds)
-            elapsed = time.perf_counter() - t0
+                thread.join(poll if live else None)
+                if thread.is_alive():
+                    stats = drafter.last_stats if drafter is not None else None
+                    rounds = list(stats.rounds) if stats is not None else []
+                    yield Progress(rec, stats, time.perf_counter() - t0, False, rounds=rounds)
+            elapsed = box.get("seconds", time.perf_counter() - t0)
             stats = drafter.last_stats if drafter is not None else None
             yield Progress(rec, stats, elapsed, True, box.get("out"), box.get("error"),
                            rounds=list(stats.rounds) if stats is not None else [])
         finally:
             cancel.stop = True  # no-op after a normal end; stops an abandoned run at its next round
             thread.join()
+
+
+def race(model, inputs: dict, gen_kwargs: dict, drafter, policy, ngram: bool,
+         lock: threading.Lock | None = None) -> tuple[Progress, Progress]:
+    """(DSpark's final Progress, plain generate's) on the same request, DSpark first, each timed alone in its own
+    thread with nothing rendered meanwhile (live=False): the tokens/s the demo shows for either run is the one
+    the race compares."""
+    dspark = list(stream_generate(model, inputs, gen_kwargs, drafter=drafter, policy=policy, lock=lock,
+                                  ngram=ngram, live=False))[-1]
+    plain = list(stream_generate(model, inputs, gen_kwargs, lock=lock, live=False))[-1]
+    return dspark, plain
 
 
 class _Cancel(StoppingCriteria):

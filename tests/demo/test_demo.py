@@ -12,9 +12,10 @@ from hf_dspark.demo.session import (
     Recorder,
     Request,
     check_request,
+    policy_for,
+    race,
     sampling_kwargs,
     stream_generate,
-    policy_for,
 )
 
 torch.set_num_threads(1)
@@ -145,24 +146,49 @@ def test_stream_generate_on_a_tiny_target_matches_plain_generate():
 
     t = tiny_target(40)
     d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
-    d.verify_policy, d.ngram_drafts = "all", False  # the drafter's own options, which each run must put back
+    d.verify_policy, d.ngram_drafts = "all", False  # the drafter's own options: each run passes its own instead
     ids = torch.tensor([[5, 6, 7, 8]])
     gen = {"max_new_tokens": 12, "do_sample": False}
     *_, p = stream_generate(t, {"input_ids": ids}, gen, drafter=d, policy=3, poll=0.01)
-    assert p.done and p.error is None and d.verify_policy == "all"  # the policy is restored afterwards
+    assert p.done and p.error is None and d.verify_policy == "all"  # the drafter's options are untouched
     f = demo.classify(p.recorder.first_ids, p.rounds, 3)
     ref = t.generate(ids, **gen)
     assert demo.committed_ids(f) == p.recorder.ids == ref[0, 4:].tolist()
     assert all(r.verified <= 3 for r in p.rounds)
     *_, plain = stream_generate(t, {"input_ids": ids}, gen)
     assert torch.equal(plain.output, ref)
-    # n-gram drafts on for this run only: the same tokens, and the drafter's option is put back
+    # n-gram drafts on for this run only: the same tokens, and the drafter's option untouched
     *_, p = stream_generate(t, {"input_ids": torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]])}, gen, drafter=d, policy="all",
                             poll=0.01, ngram=True)
     assert p.done and p.error is None and d.ngram_drafts is False
     ref = t.generate(torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]]), **gen)
     assert demo.committed_ids(demo.classify(p.recorder.first_ids, p.rounds)) == ref[0, 8:].tolist()
     assert any(r.source == "ngram" for r in p.rounds)
+
+
+def test_a_race_times_each_generate_alone_and_the_panel_shows_that_time():
+    """race(): one final Progress per side (live=False: nothing yielded while decoding), each timed inside its
+    generate() call, outputs equal plain generate (greedy); the stats panel's tokens/s is the race line's."""
+    import time
+
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.demo.models import tiny_target
+
+    t = tiny_target(40)
+    d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    gen = {"max_new_tokens": 12, "do_sample": False}
+    assert len(list(stream_generate(t, {"input_ids": ids}, gen, drafter=d, policy=3, poll=0.0, live=False))) == 1
+    t0 = time.perf_counter()
+    dspark, plain = race(t, {"input_ids": ids}, gen, d, 3, False)
+    wall = time.perf_counter() - t0
+    assert dspark.done and plain.done and dspark.error is None and plain.error is None
+    assert torch.equal(dspark.output, plain.output) and torch.equal(plain.output, t.generate(ids, **gen))
+    assert 0 < dspark.elapsed and 0 < plain.elapsed and dspark.elapsed + plain.elapsed <= wall
+    n = len(dspark.recorder.ids)
+    panel = demo.stats_html(dspark.stats, n, dspark.elapsed, 3, "static")
+    shown = re.search(r'data-key="tokens/s">([0-9.]+)<', panel).group(1)
+    assert f"DSpark {shown} tok/s" in demo.race_html(n / dspark.elapsed, len(plain.recorder.ids) / plain.elapsed, True)
 
 
 def test_ngram_drafts_are_marked_and_explained():
