@@ -1,4 +1,6 @@
-"""Test-only tools: an oracle that makes drafts partly right, so every acceptance length gets exercised."""
+"""Test-only tools shared by several test files: oracles that make drafts partly right (so every acceptance length
+gets exercised), the suite's standard drafter on a tiny target and its greedy-identity check, and synthetic device
+profiles."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import torch
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding.ngram import NgramIndex
+from hf_dspark.decoding.options import DecodingOptions
+from hf_dspark.decoding.profile import DeviceProfile, profile_key
 
 
 @contextlib.contextmanager
@@ -58,3 +62,40 @@ def oracle_ngrams(reference: torch.Tensor, vocab: int, p_right: float = 0.7, eve
         yield
     finally:
         NgramIndex.draft = real
+
+
+BLOCK = 4
+PROMPT = torch.tensor([[5, 17, 3, 42, 8, 11]])
+
+
+def drafter_for(model, head="markov", **kw):
+    """A drafter under "all", no n-grams: most tests that use it are about the round mechanics of verify-all."""
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(model, block_size=BLOCK, target_layer_ids=[0, 2], head_type=head,
+                                        markov_rank=8, **kw)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)
+    return drafter
+
+
+def assert_identical(model, drafter, oracle=True, **gen):
+    """Greedy output with `drafter` equals plain generate's (drafts partly right with `oracle`); returns plain's."""
+    plain = model.generate(PROMPT, do_sample=False, **gen)
+    if oracle:
+        with oracle_drafts(plain):
+            spec = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
+    else:
+        spec = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
+    assert spec.tolist() == plain.tolist()
+    return plain
+
+
+def synthetic_profile(model, drafter, verify_time) -> DeviceProfile:
+    return DeviceProfile(key=profile_key(model, drafter), verify_time=list(verify_time), draft_time=0.0,
+                         rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
+
+
+def spread_confidence(drafter):
+    """Random confidence weights of unit scale: c_k spreads over (0, 1) and depends strongly on x_{k-1}."""
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.normal_(0.0, 1.0)
+        drafter.confidence_head.proj.bias.zero_()

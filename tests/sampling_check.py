@@ -4,10 +4,14 @@ On a tiny-vocabulary target the distribution of the first T generated tokens is 
 target over every prefix (V^t of them at step t), apply the same logits processors plain `generate` would,
 and multiply. We then sample N generations with DSpark and G-test each position's marginal and the joint of
 the first two drafted positions against the exact law. Used by test_sampling.py (and the scheduler tests).
+Below the test itself: the tiny pair it runs on (`setup`, V = 8 tokens, STEPS, N samples), shared by every file that
+G-tests a decoding set-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 
 import numpy as np
@@ -15,6 +19,13 @@ import torch
 from scipy import stats
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.decoding import candidate
+from hf_dspark.decoding.ngram import NgramIndex
+from hf_dspark.decoding.options import DecodingOptions
+from tests.conftest import tiny_target
+from tests.helpers import spread_confidence, synthetic_profile
 
 # Significance level of every goodness-of-fit test in the suite, set from the tests' size and power, not from any
 # one outcome: ~15 fixed-seed G-tests run under the null, so α = 1e-4 keeps the suite's family-wise false-alarm
@@ -105,3 +116,59 @@ def fit_pvalue(samples: np.ndarray, exact: np.ndarray) -> float:
         pair = exact.sum(axis=tuple(i for i in range(steps) if i not in (1, 2))).reshape(-1)
         pvals.append(_g_test(np.bincount(samples[:, 1] * V + samples[:, 2], minlength=V * V), pair))
     return min(1.0, min(pvals) * len(pvals))
+
+
+# ---- the pair the G-tests run on: a V = 8 target whose law over STEPS tokens is enumerable --------------------
+
+V, STEPS, N = 8, 5, 600
+PROMPT = torch.tensor([[1, 5, 2]])
+
+
+def setup(head="markov", block=3, seed=0, draft_vocab=None, eos=None):
+    model = tiny_target(vocab=V, hidden=16, layers=3, heads=2, kv_heads=1, seed=seed, logit_scale=6.0, eos=eos)
+    torch.manual_seed(seed + 1)
+    drafter = DSparkDrafter.from_target(model, block_size=block, target_layer_ids=[0, 1], head_type=head,
+                                        markov_rank=4, mask_token_id=V - 1)
+    drafter.options = DecodingOptions("all", ngram_drafts=False)  # these cases are about every head under "all"
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(draft_vocab)
+    if drafter.markov_head is not None:  # a strong sequential bias, so q differs a lot from the base logits
+        with torch.no_grad():
+            for p in drafter.markov_head.parameters():
+                p.normal_(0.0, 1.0)
+    return model, drafter
+
+
+@contextlib.contextmanager
+def ngram_drafts(drafter, min_ngram):
+    """drafter.ngram_drafts on, with n-grams down to `min_ngram` tokens (the shipped index starts at 2)."""
+    real = candidate.NgramIndex
+    candidate.NgramIndex = functools.partial(NgramIndex, min_ngram=min_ngram)
+    drafter.ngram_drafts = True
+    try:
+        yield
+    finally:
+        candidate.NgramIndex = real
+
+
+def ngram_share(model, drafter, calls=30, **gen) -> float:
+    """Share of rounds with drafts that took n-gram drafts, over `calls` sampled generations."""
+    torch.manual_seed(0)
+    lookup = drafted = 0
+    for _ in range(calls):
+        model.generate(PROMPT, do_sample=True, max_new_tokens=STEPS, assistant_model=drafter, **gen)
+        lookup += drafter.last_stats.ngram_rounds
+        drafted += drafter.last_stats.drafted_rounds
+    return lookup / drafted
+
+
+GENTLE = [1.0, 1.5, 1.8, 2.0]  # Θ_1 > Θ_0 iff a_1 > .5: every length 0..3 gets chosen
+
+
+def scheduled_setup(policy, verify_time=GENTLE):
+    """setup()'s pair with spread confidences, a synthetic profile on `verify_time` and `policy`."""
+    model, drafter = setup(head="markov")
+    spread_confidence(drafter)
+    drafter.device_profile = synthetic_profile(model, drafter, verify_time)
+    drafter.verify_policy = policy
+    return model, drafter

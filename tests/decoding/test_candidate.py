@@ -10,19 +10,7 @@ from hf_dspark.decoding.candidate import DSparkCandidateGenerator
 from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.decoding.profile import DeviceProfile, profile_key
 from tests.conftest import tiny_target
-from tests.helpers import oracle_drafts
-
-BLOCK = 4
-PROMPT = torch.tensor([[5, 17, 3, 42, 8, 11]])
-
-
-def drafter_for(model, head="markov", **kw):
-    """A drafter under "all", no n-grams: most tests here are about the round mechanics of verify-all."""
-    torch.manual_seed(1)
-    drafter = DSparkDrafter.from_target(model, block_size=BLOCK, target_layer_ids=[0, 2], head_type=head,
-                                        markov_rank=8, **kw)
-    drafter.options = DecodingOptions("all", ngram_drafts=False)
-    return drafter
+from tests.helpers import BLOCK, PROMPT, assert_identical, drafter_for, oracle_drafts
 
 
 def with_default_options(model, drafter):
@@ -32,17 +20,6 @@ def with_default_options(model, drafter):
                             draft_time=0.0, rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
     drafter.options = DecodingOptions(device_profile=profile)
     return drafter
-
-
-def assert_identical(model, drafter, oracle=True, **gen):
-    plain = model.generate(PROMPT, do_sample=False, **gen)
-    if oracle:
-        with oracle_drafts(plain):
-            spec = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
-    else:
-        spec = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
-    assert spec.tolist() == plain.tolist()
-    return plain
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

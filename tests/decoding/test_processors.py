@@ -139,7 +139,7 @@ SMALL_PROMPT = torch.tensor([[1, 5, 2]])
 
 
 def _sampling_setup():
-    from tests.decoding.test_sampling import setup
+    from tests.sampling_check import setup
 
     return setup(head="markov")
 

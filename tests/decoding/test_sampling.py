@@ -7,37 +7,27 @@ their own negative control (lookup drafts reported as if drawn from a uniform q)
 """
 
 import contextlib
-import functools
 
 import pytest
 import torch
 
-from hf_dspark import DSparkDrafter
 from hf_dspark.decoding import candidate
-from hf_dspark.decoding.ngram import NgramIndex
-from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.model import drafter as drafter_mod
-from tests.conftest import tiny_target
-from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts, sample_until_eos
-
-V, STEPS, N = 8, 5, 600
-PROMPT = torch.tensor([[1, 5, 2]])
-
-
-def setup(head="markov", block=3, seed=0, draft_vocab=None, eos=None):
-    model = tiny_target(vocab=V, hidden=16, layers=3, heads=2, kv_heads=1, seed=seed, logit_scale=6.0, eos=eos)
-    torch.manual_seed(seed + 1)
-    drafter = DSparkDrafter.from_target(model, block_size=block, target_layer_ids=[0, 1], head_type=head,
-                                        markov_rank=4, mask_token_id=V - 1)
-    drafter.options = DecodingOptions("all", ngram_drafts=False)  # these cases are about every head under "all"
-    if draft_vocab is not None:
-        drafter.set_draft_vocab(draft_vocab)
-    if drafter.markov_head is not None:  # a strong sequential bias, so q differs a lot from the base logits
-        with torch.no_grad():
-            for p in drafter.markov_head.parameters():
-                p.normal_(0.0, 1.0)
-    return model, drafter
-
+from tests.sampling_check import (
+    ALPHA,
+    PROMPT,
+    STEPS,
+    N,
+    V,
+    exact_distribution,
+    fit_pvalue,
+    ngram_drafts,
+    ngram_share,
+    processors,
+    sample_counts,
+    sample_until_eos,
+    setup,
+)
 
 CASES = {
     "temperature1-markov": (dict(head="markov"), dict()),
@@ -49,29 +39,6 @@ CASES = {
     "ngram-drafts-1gram-temperature0.7-topk4": (dict(head="rnn", ngram=1), dict(temperature=0.7, top_k=4)),
     "ngram-drafts-shipped-sizes": (dict(head="markov", ngram=2), dict()),
 }
-
-
-@contextlib.contextmanager
-def ngram_drafts(drafter, min_ngram):
-    """drafter.ngram_drafts on, with n-grams down to `min_ngram` tokens (the shipped index starts at 2)."""
-    real = candidate.NgramIndex
-    candidate.NgramIndex = functools.partial(NgramIndex, min_ngram=min_ngram)
-    drafter.ngram_drafts = True
-    try:
-        yield
-    finally:
-        candidate.NgramIndex = real
-
-
-def ngram_share(model, drafter, calls=30, **gen) -> float:
-    """Share of rounds with drafts that took n-gram drafts, over `calls` sampled generations."""
-    torch.manual_seed(0)
-    lookup = drafted = 0
-    for _ in range(calls):
-        model.generate(PROMPT, do_sample=True, max_new_tokens=STEPS, assistant_model=drafter, **gen)
-        lookup += drafter.last_stats.ngram_rounds
-        drafted += drafter.last_stats.drafted_rounds
-    return lookup / drafted
 
 
 @pytest.mark.parametrize("name", list(CASES))

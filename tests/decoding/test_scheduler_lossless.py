@@ -6,36 +6,29 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.decoding.profile import DeviceProfile, ProfileMismatchError, profile_key
+from hf_dspark.decoding.profile import ProfileMismatchError, profile_key
 from hf_dspark.decoding.scheduler import best_prefix_length, max_verified
 from tests.conftest import tiny_target
-from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
-from tests.decoding.test_sampling import N, PROMPT, STEPS, setup
+from tests.helpers import spread_confidence, synthetic_profile
+from tests.sampling_check import (
+    ALPHA,
+    GENTLE,
+    PROMPT,
+    STEPS,
+    N,
+    exact_distribution,
+    fit_pvalue,
+    ngram_drafts,
+    ngram_share,
+    processors,
+    sample_counts,
+    scheduled_setup,
+    setup,
+)
 
-GENTLE = [1.0, 1.5, 1.8, 2.0]  # Θ_1 > Θ_0 iff a_1 > .5: every length 0..3 gets chosen
 # n-gram drafts pay from a survival of 0.1: the prior (0.5) verifies them, the tiny target's learnt survival mostly too
 FLAT = [1.0, 1.1, 1.2, 1.3]
 COUNTER = [1.0, 2.0, 1 / 0.45, 1 / 0.43]  # the §6.4 curve: only a look-ahead ever verifies anything
-
-
-def synthetic_profile(model, drafter, verify_time) -> DeviceProfile:
-    return DeviceProfile(key=profile_key(model, drafter), verify_time=list(verify_time), draft_time=0.0,
-                         rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
-
-
-def spread_confidence(drafter):
-    """Random confidence weights of unit scale: c_k spreads over (0, 1) and depends strongly on x_{k-1}."""
-    with torch.no_grad():
-        drafter.confidence_head.proj.weight.normal_(0.0, 1.0)
-        drafter.confidence_head.proj.bias.zero_()
-
-
-def scheduled_setup(policy, verify_time=GENTLE):
-    model, drafter = setup(head="markov")
-    spread_confidence(drafter)
-    drafter.device_profile = synthetic_profile(model, drafter, verify_time)
-    drafter.verify_policy = policy
-    return model, drafter
 
 
 def test_sampling_exact_with_scheduler():
@@ -60,8 +53,6 @@ def test_sampling_exact_with_scheduler():
 
 def test_sampling_exact_with_scheduler_and_ngrams():
     """The scheduler, its DraftGate and n-gram drafts (1-grams allowed, so they are frequent) in one run."""
-    from tests.decoding.test_sampling import ngram_drafts, ngram_share
-
     model, drafter = scheduled_setup("scheduler", FLAT)
     exact = exact_distribution(model, PROMPT, STEPS, processors())
     with ngram_drafts(drafter, 1):
@@ -237,8 +228,6 @@ def test_sampling_exact_with_the_default_options():
     """What a user gets without setting anything (DecodingOptions(): "auto" + n-gram drafts, the gate) follows
     the target's law; drafter rounds and n-gram rounds both carry the test."""
     from hf_dspark.decoding.options import DecodingOptions
-    from tests.decoding.test_sampling import ngram_drafts, ngram_share
-
     model, drafter = setup(head="markov")
     spread_confidence(drafter)
     drafter.options = DecodingOptions(device_profile=synthetic_profile(model, drafter, FLAT))
@@ -316,8 +305,6 @@ def test_ngram_lengths_follow_the_profile(do_sample):
     """Under the scheduler an n-gram round verifies what its learnt survival pays for on the profile: on a flat
     curve the whole lookup, on a steep one (bf16 on a CPU without native bf16) fewer. Repetitive text (a prompt
     that repeats, 1-grams allowed) makes lookups frequent; greedy output stays plain's, token for token."""
-    from tests.decoding.test_sampling import ngram_drafts
-
     model, drafter = setup(head="markov", block=4)
     prompt = torch.tensor([[1, 5, 2, 3, 6] * 4])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
@@ -450,7 +437,7 @@ def test_greedy_calls_carry_the_gate_and_sampled_calls_stay_reproducible():
     """A drafter that never pays: the first greedy call drafts until the gate closes; the next greedy call starts
     with the gate where the first left it (fewer drafted rounds), output unchanged. Sampled calls start afresh,
     so a seed gives the same output on every call."""
-    from tests.decoding.test_sampling import PROMPT as P
+    from tests.sampling_check import PROMPT as P
 
     model, drafter = scheduled_setup("auto", [1.0, 1.3, 1.5, 1.6])
     drafter.ngram_drafts = False

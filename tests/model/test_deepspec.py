@@ -16,8 +16,8 @@ from hf_dspark.model.binding import placement
 from hf_dspark.model.deepspec import DeepSpecFormatError
 from tests.conftest import tiny_target
 from tests.deepspec_files import checkpoint, gemma4_config, qwen3_config, tensors_for, tiny_gemma4, write
+from tests.helpers import PROMPT, assert_identical
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
-from tests.decoding.test_candidate import PROMPT, assert_identical
 
 
 def target_for(family, **kw):

@@ -13,8 +13,7 @@ from transformers import DynamicCache, StaticCache
 
 from hf_dspark import DSparkConfig, DSparkDrafter
 from tests.conftest import tiny_target
-from tests.helpers import oracle_drafts
-from tests.decoding.test_candidate import PROMPT, drafter_for
+from tests.helpers import PROMPT, drafter_for, oracle_drafts
 
 
 def saved(model, tmp_path, **kw):

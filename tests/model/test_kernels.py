@@ -229,8 +229,7 @@ def test_end_to_end_sampling_runs_on_the_kernel_path(kernel_path, monkeypatch):
 def test_sampling_exactness_on_the_kernel_path(kernel_path):
     """tests/decoding/test_sampling.py's G-test with the kernels drafting (slow in the interpreter; seconds on a GPU)."""
     pytest.importorskip("scipy")
-    from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue, processors, sample_counts
-    from tests.decoding.test_sampling import PROMPT, setup
+    from tests.sampling_check import ALPHA, PROMPT, exact_distribution, fit_pvalue, processors, sample_counts, setup
 
     model, dr = setup(head="markov")
     exact = exact_distribution(model, PROMPT, 5, processors(temperature=0.7, top_k=4))

@@ -11,7 +11,7 @@ from hf_dspark import DSparkConfig, DSparkDrafter
 from hf_dspark.model.binding import UnsupportedArchitectureError
 from tests.arch_matrix import build
 from tests.conftest import tiny_target
-from tests.decoding.test_candidate import PROMPT, drafter_for
+from tests.helpers import PROMPT, drafter_for
 
 # ---- architectures that cannot be served ------------------------------------------------------------------
 
