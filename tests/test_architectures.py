@@ -56,23 +56,6 @@ def test_docs_list_is_the_matrix():
 # ---- crashes these architectures used to hit, one regression each (the matrix above runs them too) -------------
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "gemma4_text", "olmo3"])
-def test_rope_per_layer_type_gives_the_drafter_the_full_attention_entry(model_type):
-    model = arch_matrix.build(model_type)
-    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
-    rope = model.config.get_text_config().rope_parameters
-    assert set(rope) >= {"sliding_attention", "full_attention"}  # the per-layer-type form of item 1
-    assert drafter.config.rope_parameters["rope_theta"] == rope["full_attention"]["rope_theta"]
-
-
-def test_scheduler_profile_on_a_sliding_window_target_past_its_window():
-    model = arch_matrix.build("mistral")
-    window = model.config.sliding_window
-    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
-    profile = measure_profile(model, drafter, cache_len=4 * window, warmup=0, repeats=1)
-    assert profile.cache_len == 4 * window and len(profile.verify_time) == 5
-
-
 def test_target_without_max_position_embeddings():
     model = arch_matrix.build("bloom")
     assert not hasattr(model.config, "max_position_embeddings")

@@ -1,19 +1,15 @@
-"""Named refusals: architectures DSpark cannot serve exactly, options transformers'
-assisted decoding cannot honour, and misleading messages made precise. Each test checks the message."""
-
-import json
+"""check_architecture (decoding/architecture.py): architectures DSpark cannot serve exactly are refused, at
+`from_target` and at `bind`, each with its reason in the message; the architectures it serves pass untouched.
+The whole matrix of transformers' causal LMs runs in tests/test_architectures.py."""
 
 import pytest
 import torch
 from transformers import BertConfig, BertLMHeadModel
 
-from hf_dspark import DSparkConfig, DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.model.binding import UnsupportedArchitectureError
 from tests.arch_matrix import build
-from tests.conftest import tiny_target
-from tests.helpers import PROMPT, drafter_for
-
-# ---- architectures that cannot be served ------------------------------------------------------------------
+from tests.helpers import drafter_for
 
 
 @pytest.mark.parametrize("model_type, why", [
@@ -36,13 +32,6 @@ def test_unservable_target_is_refused_at_bind_too(llama):
         drafter.bind(build("mamba"))
 
 
-def test_attention_free_config_is_named_not_an_attribute_error():
-    """A config without attention heads (a state-space model's) cannot size a drafter."""
-    mamba = build("mamba").config
-    with pytest.raises(UnsupportedArchitectureError, match="no attention heads"):
-        DSparkConfig.for_target(mamba)
-
-
 def test_bidirectional_encoder_head_is_refused_unless_a_decoder():
     torch.manual_seed(0)
     cfg = dict(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
@@ -50,70 +39,3 @@ def test_bidirectional_encoder_head_is_refused_unless_a_decoder():
     with pytest.raises(UnsupportedArchitectureError, match="is_decoder=False"):
         DSparkDrafter.from_target(BertLMHeadModel(BertConfig(**cfg)).eval())
     DSparkDrafter.from_target(BertLMHeadModel(BertConfig(is_decoder=True, **cfg)).eval())  # as a decoder: served
-
-
-# ---- generate options assisted decoding cannot honour ------------------------------------------------
-
-
-def test_output_attentions_in_a_dict_is_refused_by_name(llama):
-    drafter = drafter_for(llama)
-    with pytest.raises(NotImplementedError, match="output_attentions=True with return_dict_in_generate=True"):
-        llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter, output_attentions=True,
-                       return_dict_in_generate=True)
-
-
-def test_use_cache_false_is_refused_by_name(llama):
-    drafter = drafter_for(llama)
-    with pytest.raises(ValueError, match="use_cache=False"):
-        llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter, use_cache=False)
-
-
-# ---- messages that used to say something else ----------------------------------------------------------------
-
-
-def test_unbound_drafter_is_not_said_to_be_bound_to_another_model(llama, tmp_path):
-    drafter_for(llama).save_pretrained(tmp_path)
-    loose = DSparkDrafter.from_pretrained(tmp_path)  # no target=
-    with pytest.raises(ValueError, match="not bound to a target"):
-        llama.generate(PROMPT, max_new_tokens=5, assistant_model=loose)
-
-
-@pytest.mark.parametrize("damage, message", [
-    ("missing", "config.json is missing"),
-    ("empty file", "config.json is not valid JSON"),
-    ("empty object", "config.json has no target_layer_ids"),
-])
-def test_missing_or_empty_config_json_is_named(llama, tmp_path, damage, message):
-    drafter_for(llama).save_pretrained(tmp_path)
-    config = tmp_path / "config.json"
-    if damage == "missing":
-        config.unlink()
-    else:
-        config.write_text("" if damage == "empty file" else "{}")
-    with pytest.raises(ValueError, match=message):
-        DSparkDrafter.from_pretrained(tmp_path, target=llama)
-
-
-@pytest.mark.parametrize("field, value", [
-    ("mask_token_id", "x"),
-    ("markov_rank", -1),
-    ("rope_parameters", {"rope_type": "nonsense", "rope_theta": 10000.0}),
-    ("rope_parameters", {"rope_type": "default"}),
-])
-def test_bad_config_values_are_named(llama, tmp_path, field, value):
-    drafter_for(llama).save_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg[field] = value
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=field):
-        DSparkDrafter.from_pretrained(tmp_path, target=llama)
-
-
-def test_target_cast_after_binding_is_refused_at_generate():
-    model = tiny_target()
-    drafter = drafter_for(model)
-    model.to(torch.bfloat16)
-    with pytest.raises(ValueError, match="drafter dtype torch.float32 != target dtype torch.bfloat16"):
-        model.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
-    drafter.to(torch.bfloat16)  # what the message asks for: then it runs
-    assert model.generate(PROMPT, max_new_tokens=5, assistant_model=drafter).shape[1] == PROMPT.shape[1] + 5

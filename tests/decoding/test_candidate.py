@@ -1,9 +1,10 @@
-"""Greedy token identity with plain `generate` (fp32), stopping exactly where it stops, the drafter's context
-staying in step with the target, streaming, and routing through transformers."""
+"""DSparkCandidateGenerator (decoding/candidate.py): greedy token identity with plain `generate` (fp32) for every
+head and block edge, EOS inside a draft, logits processors, the drafter's context staying in step with the
+target, drafts computed only as far as the policy can verify, n-gram rounds. Stop strings, stopping criteria and
+streaming (routing's StopScanner) are in test_routing.py; what reaches the generator, in test_routing.py too."""
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.decoding.candidate import DSparkCandidateGenerator
@@ -104,71 +105,6 @@ def test_processors(llama, gen):
     assert_identical(llama, drafter_for(llama), **gen)
 
 
-class StopAfterToken(StoppingCriteria):
-    def __init__(self, token):
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
-
-
-class StopAtLength(StoppingCriteria):
-    def __init__(self, length):
-        self.length = length
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
-
-
-@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
-def test_custom_stopping_criteria_stop_exactly(llama, ngram):
-    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
-    token = int(free[0, PROMPT.shape[1] + 12])
-    drafter = drafter_for(llama)
-    drafter.ngram_drafts = ngram
-    for crit in (StopAfterToken(token), StopAtLength(PROMPT.shape[1] + 10)):
-        out = assert_identical(llama, drafter, max_new_tokens=40, stopping_criteria=StoppingCriteriaList([crit]))
-        assert out.shape[1] < free.shape[1]
-
-
-@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
-def test_stop_strings_stop_exactly(llama, char_tokenizer, ngram):
-    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
-    a, b = (int(t) for t in free[0, PROMPT.shape[1] + 14 : PROMPT.shape[1] + 16])
-    stop = char_tokenizer.decode([a, b])
-    drafter = drafter_for(llama)
-    drafter.ngram_drafts = ngram
-    out = assert_identical(llama, drafter, max_new_tokens=40, stop_strings=[stop], tokenizer=char_tokenizer)
-    assert out.shape[1] < free.shape[1]
-
-
-def test_dict_output_is_truncated_at_a_stop(llama):
-    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=30)
-    crit = StoppingCriteriaList([StopAtLength(PROMPT.shape[1] + 9)])
-    kw = dict(do_sample=False, max_new_tokens=30, stopping_criteria=crit, return_dict_in_generate=True, output_scores=True)
-    plain = llama.generate(PROMPT, **kw)
-    drafter = drafter_for(llama)
-    with oracle_drafts(free, p_right=1.0):
-        spec = llama.generate(PROMPT, assistant_model=drafter, **kw)
-    assert spec.sequences.tolist() == plain.sequences.tolist()
-    assert len(spec.scores) == len(plain.scores) == 9
-    assert spec.past_key_values.get_seq_length() == plain.past_key_values.get_seq_length()
-
-
-def test_streamer_yields_the_final_text(llama, char_tokenizer):
-    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
-    drafter = drafter_for(llama)
-    for stops in (None, [char_tokenizer.decode(free[0, PROMPT.shape[1] + 7 : PROMPT.shape[1] + 9])]):
-        streamer = TextIteratorStreamer(char_tokenizer, skip_prompt=True)
-        with oracle_drafts(free):
-            out = llama.generate(PROMPT, do_sample=False, max_new_tokens=40, assistant_model=drafter,
-                                 streamer=streamer, stop_strings=stops, tokenizer=char_tokenizer)
-        streamed = "".join(streamer)
-        assert streamed == char_tokenizer.decode(out[0, PROMPT.shape[1]:])
-        if stops:
-            assert out.shape[1] < free.shape[1]
-
-
 @pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
 def test_drafter_context_matches_a_full_forward(llama, ngram):
     """The context K/V the drafter built round by round equals the one built from one forward over the
@@ -203,124 +139,6 @@ def test_drafter_context_matches_a_full_forward(llama, ngram):
     for (k0, v0), (k1, v1) in zip(gen.context_kv, full):
         torch.testing.assert_close(k0, k1, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(v0, v1, atol=1e-5, rtol=1e-4)
-
-
-def test_other_assistants_still_use_transformers(llama):
-    """Prompt lookup and ordinary assistant models are untouched by the routing."""
-    ids = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])
-    drafter_for(llama)  # enables the class swap
-    plain = llama.generate(ids, do_sample=False, max_new_tokens=12)
-    assert llama.generate(ids, do_sample=False, max_new_tokens=12, prompt_lookup_num_tokens=3).tolist() == plain.tolist()
-    small = tiny_target(layers=1, seed=3)
-    assert llama.generate(ids, do_sample=False, max_new_tokens=12, assistant_model=small).tolist() == plain.tolist()
-
-
-def test_stats_are_consistent(llama):
-    drafter = drafter_for(llama)
-    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=60)
-    with oracle_drafts(free):
-        llama.generate(PROMPT, do_sample=False, max_new_tokens=60, assistant_model=drafter)
-    st = drafter.last_stats
-    assert all(r.accepted <= r.verified <= r.drafted <= BLOCK for r in st.rounds)
-    assert all(r.committed in (r.accepted, r.accepted + 1) for r in st.rounds)
-    assert all(len(r.target_probs) == r.verified for r in st.rounds)
-    assert all(len(r.confidence) == r.drafted for r in st.rounds)
-    # Greedy: every accepted draft is the target's argmax, and a rejected one is not.
-    assert st.tau == pytest.approx(sum(r.committed for r in st.rounds) / len(st.rounds))
-    cond = st.conditional_acceptance
-    assert all(0.0 <= c <= 1.0 for c in cond)
-
-
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(num_beams=2), NotImplementedError, "beam"),
-    (dict(prompt_lookup_num_tokens=3), ValueError, "prompt_lookup_num_tokens"),
-    (dict(num_assistant_tokens=5), ValueError, "num_assistant_tokens"),
-    (dict(assistant_confidence_threshold=0.2), ValueError, "assistant_confidence_threshold"),
-    (dict(cache_implementation="static"), NotImplementedError, "static"),
-    (dict(max_new_tokens=300), ValueError, "context"),
-])
-def test_unsupported_requests_are_named(llama, kwargs, error, message):
-    drafter = drafter_for(llama)
-    kwargs.setdefault("max_new_tokens", 5)
-    with pytest.raises(error, match=message):
-        llama.generate(PROMPT, assistant_model=drafter, **kwargs)
-
-
-def test_batch_and_padding_are_refused(llama):
-    drafter = drafter_for(llama)
-    with pytest.raises(NotImplementedError, match="batch of 2"):
-        llama.generate(PROMPT.repeat(2, 1), max_new_tokens=5, assistant_model=drafter)
-    mask = torch.ones_like(PROMPT)
-    mask[0, 0] = 0
-    with pytest.raises(NotImplementedError, match="padded"):
-        llama.generate(PROMPT, attention_mask=mask, max_new_tokens=5, assistant_model=drafter)
-
-
-def test_a_pad_token_inside_the_prompt_is_named_and_ones_make_it_a_token(llama):
-    """generate() derives a mask from pad_token_id: a prompt holding that id is not 'padded' by the user; the
-    refusal says why, and an explicit all-ones mask gives plain's output."""
-    drafter = drafter_for(llama)
-    pad = int(PROMPT[0, 2])
-    with pytest.raises(NotImplementedError, match=f"holds the pad token id {pad} at positions \\[2\\]"):
-        llama.generate(PROMPT, max_new_tokens=5, pad_token_id=pad, assistant_model=drafter)
-    ones = torch.ones_like(PROMPT)
-    plain = llama.generate(PROMPT, attention_mask=ones, max_new_tokens=8, pad_token_id=pad, do_sample=False)
-    spec = llama.generate(PROMPT, attention_mask=ones, max_new_tokens=8, pad_token_id=pad, do_sample=False,
-                          assistant_model=drafter)
-    assert spec.tolist() == plain.tolist()
-
-
-def test_drafter_bound_to_another_model(llama):
-    from hf_dspark import enable
-
-    drafter = drafter_for(tiny_target(seed=5))
-    with pytest.raises(RuntimeError, match="not enabled"):  # a target nobody enabled: transformers' stock path
-        llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
-    enable(llama)
-    with pytest.raises(ValueError, match="bound to another model"):
-        llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
-
-
-def test_logits_processor_leaves_scores_bit_identical():
-    from hf_dspark import DSparkLogitsProcessor
-
-    obs = DSparkLogitsProcessor()
-    obs.begin_round(torch.tensor([[1, 2, 3, 4]]), 2)
-    scores = torch.randn(1, 64)
-    before = scores.clone()
-    out = obs(torch.tensor([[1, 2]]), scores)
-    assert out is scores and torch.equal(out, before)
-    assert set(obs.target_probs) == {1} and 0 < obs.target_probs[1] < 1
-
-
-@pytest.mark.parametrize("head", ["markov", "rnn"])
-def test_pruned_draft_vocabulary_keeps_greedy_identity(llama, head):
-    drafter = drafter_for(llama, head)
-    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
-    drafter.set_draft_vocab(free[0].unique().tolist()[::2])  # half of the tokens it will need: many misses
-    assert drafter.config.draft_vocab_size == len(drafter.draft_vocab)
-    assert_identical(llama, drafter, oracle=False, max_new_tokens=40)
-    st = drafter.last_stats
-    drafted = {t for r in st.rounds for t in r.tokens}
-    assert drafted <= set(drafter.draft_vocab.tolist())
-
-
-def test_pruned_draft_vocabulary_round_trips(llama, tmp_path):
-    drafter = drafter_for(llama)
-    drafter.set_draft_vocab([9, 3, 3, 40, 7])
-    drafter.save_pretrained(tmp_path)
-    again = DSparkDrafter.from_pretrained(tmp_path, target=llama)
-    assert again.draft_vocab.tolist() == [3, 7, 9, 40] and again.config.draft_vocab_size == 4
-
-
-def test_nan_target_logits_are_a_named_error(llama):
-    drafter = drafter_for(llama)
-    hook = llama.lm_head.register_forward_hook(lambda mod, inp, out: out * float("nan"))
-    try:
-        with pytest.raises(ValueError, match="NaN"):
-            llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
-    finally:
-        hook.remove()
 
 
 @pytest.mark.parametrize("policy, drafts", [("all", BLOCK), (1, 1), (2, 2), (0, 0)])

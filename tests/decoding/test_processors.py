@@ -17,7 +17,7 @@ from hf_dspark import DSparkDrafter, mark_stateless
 from hf_dspark.decoding import processors
 from hf_dspark.decoding.options import DecodingOptions
 from tests.conftest import tiny_target
-from tests.helpers import oracle_drafts
+from tests.helpers import drafter_for, oracle_drafts
 from tests.sampling_check import ALPHA, exact_distribution, fit_pvalue
 
 # Processors no DSpark target can meet: their models are encoder-decoders, audio codecs or batch-2 guidance,
@@ -228,3 +228,45 @@ def test_sampling_with_guidance_scale_follows_the_target_law():
         wrong = [model.generate(SMALL_PROMPT, do_sample=True, max_new_tokens=STEPS, min_new_tokens=STEPS,
                                 assistant_model=drafter, guidance_scale=4.0)[0, 3:].tolist() for _ in range(N)]
     assert fit_pvalue(np.array(wrong), exact) < ALPHA
+
+
+def test_logits_processor_leaves_scores_bit_identical():
+    from hf_dspark import DSparkLogitsProcessor
+
+    obs = DSparkLogitsProcessor()
+    obs.begin_round(torch.tensor([[1, 2, 3, 4]]), 2)
+    scores = torch.randn(1, 64)
+    before = scores.clone()
+    out = obs(torch.tensor([[1, 2]]), scores)
+    assert out is scores and torch.equal(out, before)
+    assert set(obs.target_probs) == {1} and 0 < obs.target_probs[1] < 1
+
+
+def test_nan_target_logits_are_a_named_error(llama):
+    drafter = drafter_for(llama)
+    hook = llama.lm_head.register_forward_hook(lambda mod, inp, out: out * float("nan"))
+    try:
+        with pytest.raises(ValueError, match="NaN"):
+            llama.generate(PROMPT, max_new_tokens=5, assistant_model=drafter)
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.parametrize("poison", ["+inf everywhere", "+inf on one token", "NaN on one token"])
+def test_non_finite_target_logits_are_named(llama, poison, do_sample):
+    drafter = drafter_for(llama)
+    value = float("nan") if poison.startswith("NaN") else float("inf")
+    cols = slice(None) if poison.endswith("everywhere") else slice(3, 4)
+
+    def hook(module, args, out):
+        out = out.clone()
+        out[..., cols] = value
+        return out
+
+    handle = llama.lm_head.register_forward_hook(hook)
+    try:
+        with pytest.raises(ValueError, match=r"NaN/\+inf"):
+            llama.generate(PROMPT, max_new_tokens=5, do_sample=do_sample, assistant_model=drafter)
+    finally:
+        handle.remove()

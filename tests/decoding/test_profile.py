@@ -18,6 +18,7 @@ from hf_dspark.decoding.profile import (
     profile_key,
 )
 from hf_dspark.decoding.scheduler import max_verified
+from tests import arch_matrix
 from tests.conftest import tiny_target
 
 
@@ -206,3 +207,11 @@ def test_thread_count_is_part_of_the_key():
         assert prof.device_name("cpu", ZEN4) != one
     finally:
         torch.set_num_threads(before)
+
+
+def test_scheduler_profile_on_a_sliding_window_target_past_its_window():
+    model = arch_matrix.build("mistral")
+    window = model.config.sliding_window
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    profile = measure_profile(model, drafter, cache_len=4 * window, warmup=0, repeats=1)
+    assert profile.cache_len == 4 * window and len(profile.verify_time) == 5

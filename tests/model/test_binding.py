@@ -1,13 +1,15 @@
 """Pairing checks and strict loading: every mismatch is an error that names it, nothing is lost."""
 
 import json
+import pickle
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_dspark import DSparkConfig, DSparkDrafter
+from hf_dspark import DSparkDrafter
 from tests.conftest import tiny_target
+from tests.helpers import drafter_for
 
 
 def make(model, **kw):
@@ -44,86 +46,6 @@ def test_dtype_and_device_mismatch():
     drafter = make(model)
     with pytest.raises(ValueError, match="dtype"):
         drafter.to(torch.bfloat16).bind(model)
-
-
-def test_config_validation():
-    with pytest.raises(ValueError, match="head_type"):
-        DSparkConfig(head_type="lstm", target_layer_ids=[0], mask_token_id=1)
-    with pytest.raises(ValueError, match="block_size"):
-        DSparkConfig(block_size=0, target_layer_ids=[0], mask_token_id=1)
-    with pytest.raises(ValueError, match="block_size"):
-        DSparkConfig(block_size=1000, target_layer_ids=[0], mask_token_id=1)
-    with pytest.raises(ValueError, match="strictly increasing"):
-        DSparkConfig(target_layer_ids=[2, 1], mask_token_id=1)
-    ok = {"temperature": 1.0, "confidence_temperatures": [0.5, 1.0, 2.0], "prefix_survival": [0.5, 0.2, 0.1]}
-    assert DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=[ok]).calibration == [ok]
-    for bad in ({"temperature": 1.0, "prefix_survival": [0.5, 0.2]}, {"temperature": 1.0, "prefix_survival": [0.2, 0.5, 0.1]},
-                {"temperature": -1.0, "prefix_survival": [0.5, 0.2, 0.1]}, {"prefix_survival": [0.5, 0.2, 0.1]},
-                {"temperature": 1.0, "prefix_survival": [1.5, 0.2, 0.1]}, {**ok, "confidence_temperatures": [1.0, 0.0, 1.0]},
-                {**ok, "confidence_temperatures": [1.0]}, {**ok, "extra": 1}, [ok, dict(ok)], [], "t=1"):
-        with pytest.raises(ValueError, match="calibration"):
-            DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=bad)
-
-
-def test_calibration_per_temperature_scales_each_call_with_its_nearest_entry():
-    """Entries per sampling temperature: a call takes the nearest one's STS temperatures (greedy and T = 1 differ);
-    without entries, or with the temperature unknown, the top-level ones. The pre-list format (one dict, no
-    temperatures of its own) is read as one entry with the top-level temperatures."""
-    greedy = {"temperature": 0.0, "confidence_temperatures": [2.0, 2.0, 2.0], "prefix_survival": [0.8, 0.6, 0.5]}
-    t1 = {"temperature": 1.0, "confidence_temperatures": [0.5, 0.5, 0.5], "prefix_survival": [0.4, 0.2, 0.1]}
-    cfg = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, calibration=[t1, greedy],
-                       confidence_temperatures=[1.5, 1.5, 1.5])
-    assert [c["temperature"] for c in cfg.calibration] == [0.0, 1.0]  # canonical: sorted
-    temps_at = lambda t: cfg.confidence_scaling_at(t)[0]  # noqa: E731
-    assert temps_at(0.0) == [2.0] * 3 and temps_at(0.3) == [2.0] * 3
-    assert temps_at(0.7) == [0.5] * 3 and temps_at(1.3) == [0.5] * 3
-    assert cfg.confidence_scaling_at(None) == ([1.5] * 3, [0.0] * 3) and cfg.calibration_at(None) is None
-    assert cfg.calibration_at(0.5)["temperature"] == 0.0  # a tie takes the lower
-    bare = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, confidence_temperatures=[1.5, 1.5, 1.5])
-    assert bare.calibration is None and bare.confidence_scaling_at(0.0) == ([1.5] * 3, [0.0] * 3)
-    shifted = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1,
-                           calibration=[{**greedy, "confidence_biases": [-0.5, 0.0, 0.25]}])
-    assert shifted.confidence_scaling_at(0.0) == ([2.0] * 3, [-0.5, 0.0, 0.25])  # an entry without biases: 0
-    legacy = DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1, confidence_temperatures=[0.9, 1.1, 1.3],
-                          calibration={"temperature": 1.0, "prefix_survival": [0.4, 0.2, 0.1]})
-    assert legacy.calibration == [{"temperature": 1.0, "confidence_temperatures": [0.9, 1.1, 1.3],
-                                   "prefix_survival": [0.4, 0.2, 0.1]}]
-    again = DSparkConfig.from_dict(cfg.to_dict())
-    assert again.calibration == cfg.calibration
-    with pytest.raises(ValueError, match="calibration"):
-        DSparkConfig(block_size=3, target_layer_ids=[0], mask_token_id=1,
-                     calibration=[{**greedy, "confidence_biases": [0.0, float("nan"), 0.0]}])
-
-
-def test_drafter_confidences_follow_the_calls_temperature():
-    """draft(temperature=) and confidence_probs scale raw logits with that temperature's entry."""
-    drafter = make(tiny_target())
-    g = drafter.config.block_size
-    drafter.config.calibration = [
-        {"temperature": 0.0, "confidence_temperatures": [4.0] * g, "prefix_survival": [0.5] * g},
-        {"temperature": 1.0, "confidence_temperatures": [0.25] * g, "confidence_biases": [-1.0] * g,
-         "prefix_survival": [0.5] * g}]
-    z = torch.full((g,), 2.0)
-    assert torch.allclose(drafter.confidence_probs(z, 0.0), torch.sigmoid(z / 4.0))
-    assert torch.allclose(drafter.confidence_probs(z, 1.0), torch.sigmoid(z / 0.25 - 1.0))
-    assert torch.allclose(drafter.confidence_probs(z), torch.sigmoid(z / torch.tensor(drafter.config.confidence_temperatures)))
-
-
-def test_save_load_round_trip_stores_no_target_weights(tmp_path):
-    model = tiny_target()
-    drafter = make(model)
-    drafter.save_pretrained(tmp_path)
-    keys = load_file(tmp_path / "model.safetensors").keys()
-    assert not any("embed" in k or "lm_head" in k for k in keys)
-    again = DSparkDrafter.from_pretrained(tmp_path, target=model)
-    for (k, a), (_, b) in zip(drafter.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(a, b), k
-    ids = torch.tensor([[3, 4, 5, 6]])
-    torch.manual_seed(0)
-    x = model.generate(ids, do_sample=True, max_new_tokens=12, assistant_model=drafter)
-    torch.manual_seed(0)
-    y = model.generate(ids, do_sample=True, max_new_tokens=12, assistant_model=again)
-    assert x.tolist() == y.tolist()
 
 
 def test_missing_unexpected_and_corrupt_checkpoints(tmp_path):
@@ -168,8 +90,142 @@ def test_config_for_wrong_shape_is_named(tmp_path):
         DSparkDrafter.from_pretrained(tmp_path, target=model)
 
 
-def test_unbound_drafter_on_a_plain_model_explains_itself():
+def saved(model, tmp_path, **kw):
+    drafter_for(model, **kw).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_non_finite_weights_are_refused(llama, tmp_path):
+    path = saved(llama, tmp_path)
+    weights = load_file(path / "model.safetensors")
+    weights["fc.weight"][0, 0] = float("nan")
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="non-finite"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+@pytest.mark.parametrize("damage", ["garbage header", "empty file", "flipped header length"])
+def test_damaged_safetensors_are_named(llama, tmp_path, damage):
+    path = saved(llama, tmp_path)
+    f = path / "model.safetensors"
+    raw = bytearray(f.read_bytes())
+    if damage == "garbage header":
+        raw[8:40] = b"\xff" * 32
+    elif damage == "empty file":
+        raw = bytearray()
+    else:  # the 8-byte little-endian header length now points far past the end of the file
+        raw[0:8] = (len(raw) * 10).to_bytes(8, "little")
+    f.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="could not load"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+class _Tripwire:
+    """Unpickling this creates a file: proof that a pickle was executed."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.mark.parametrize("with_safetensors", [False, True])
+def test_pickle_checkpoints_are_never_unpickled(llama, tmp_path, with_safetensors):
+    marker = tmp_path / "unpickled"
+    folder = tmp_path / "ckpt"
+    drafter = drafter_for(llama)
+    if with_safetensors:
+        drafter.save_pretrained(folder)
+    else:
+        drafter.config.save_pretrained(folder)
+    for name in ("pytorch_model.bin", "model.pt", "weights.pkl"):
+        (folder / name).write_bytes(pickle.dumps({"fc.weight": _Tripwire(marker)}))
+    if with_safetensors:  # safetensors wins; the pickles beside it are never opened
+        again = DSparkDrafter.from_pretrained(folder, target=llama)
+        assert torch.equal(again.fc.weight, drafter.fc.weight)
+    else:
+        with pytest.raises(ValueError, match="safetensors only"):
+            DSparkDrafter.from_pretrained(folder, target=llama)
+    assert not marker.exists()
+
+
+def test_mask_token_equal_to_pad_or_any_eos_is_refused():
     model = tiny_target()
-    cfg = DSparkConfig.for_target(model.config, block_size=4, target_layer_ids=[0, 2], mask_token_id=60)
-    with pytest.raises(RuntimeError, match="not a standalone model"):
-        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, assistant_model=DSparkDrafter(cfg))
+    model.generation_config.pad_token_id = 9
+    with pytest.raises(ValueError, match="EOS or PAD"):
+        drafter_for(model, mask_token_id=9)
+    model = tiny_target()
+    model.generation_config.eos_token_id = [7, 12]  # a list of EOS ids: every one counts
+    with pytest.raises(ValueError, match="EOS or PAD"):
+        drafter_for(model, mask_token_id=12)
+    for bad in (-1, 64):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            drafter_for(model, mask_token_id=bad)
+
+
+def test_checkpoint_whose_mask_token_is_the_targets_eos(tmp_path):
+    path = saved(tiny_target(), tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    eos_target = tiny_target(eos=cfg["mask_token_id"])
+    with pytest.raises(ValueError, match="EOS or PAD"):
+        DSparkDrafter.from_pretrained(path, target=eos_target)
+
+
+@pytest.mark.parametrize("gamma", [0, 1000])
+def test_absurd_block_size_in_a_checkpoint(llama, tmp_path, gamma):
+    path = saved(llama, tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["block_size"] = gamma
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="block_size"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size", "64"), ("target_layer_ids", [0, "2"]), ("architectures", 5),
+                                         ("block_size", 4.0), ("head_type", 3)])
+def test_a_config_field_of_the_wrong_type_is_named(llama, tmp_path, field, value):
+    path = saved(llama, tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg[field] = value
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"'{field}' must be"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+def test_a_config_that_is_not_an_object_is_named(llama, tmp_path):
+    path = saved(llama, tmp_path)
+    (path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a DSpark drafter's config"):
+        DSparkDrafter.from_pretrained(path, target=llama)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing", "config.json is missing"),
+    ("empty file", "config.json is not valid JSON"),
+    ("empty object", "config.json has no target_layer_ids"),
+])
+def test_missing_or_empty_config_json_is_named(llama, tmp_path, damage, message):
+    drafter_for(llama).save_pretrained(tmp_path)
+    config = tmp_path / "config.json"
+    if damage == "missing":
+        config.unlink()
+    else:
+        config.write_text("" if damage == "empty file" else "{}")
+    with pytest.raises(ValueError, match=message):
+        DSparkDrafter.from_pretrained(tmp_path, target=llama)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("mask_token_id", "x"),
+    ("markov_rank", -1),
+    ("rope_parameters", {"rope_type": "nonsense", "rope_theta": 10000.0}),
+    ("rope_parameters", {"rope_type": "default"}),
+])
+def test_bad_config_values_are_named(llama, tmp_path, field, value):
+    drafter_for(llama).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=field):
+        DSparkDrafter.from_pretrained(tmp_path, target=llama)
