@@ -4,8 +4,10 @@ its default options, and what it says when used where only the target's generate
 import pytest
 import torch
 
-from hf_dspark import DSparkConfig, DSparkDrafter
+from hf_dspark import DecodingOptions, DSparkConfig, DSparkDrafter
+from hf_dspark.decoding.assistant import NotEnabledError
 from tests.conftest import tiny_target
+from tests.helpers import PROMPT, drafter_for
 
 
 def test_unbound_drafter_on_a_plain_model_explains_itself():
@@ -13,3 +15,29 @@ def test_unbound_drafter_on_a_plain_model_explains_itself():
     cfg = DSparkConfig.for_target(model.config, block_size=4, target_layer_ids=[0, 2], mask_token_id=60)
     with pytest.raises(RuntimeError, match="not a standalone model"):
         model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, assistant_model=DSparkDrafter(cfg))
+
+
+def test_generate_on_the_drafter_itself_points_to_assistant_model(llama):
+    drafter = drafter_for(llama)
+    with pytest.raises(RuntimeError, match="assistant_model="):
+        drafter.generate(PROMPT, max_new_tokens=5)
+    with pytest.raises(NotEnabledError, match="not a standalone model"):
+        drafter.generation_config  # transformers' stock assistant path reads it first
+
+
+def test_from_target_and_bind_enable_the_target():
+    model = tiny_target()
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
+    assert model._is_dspark_enabled and drafter.bound_target is model
+    other = tiny_target(seed=1)
+    assert not getattr(other, "_is_dspark_enabled", False)
+    assert drafter.bind(other) is drafter and other._is_dspark_enabled and drafter.bound_target is other
+
+
+def test_option_attributes_are_the_options_fields():
+    drafter = DSparkDrafter.from_target(tiny_target(), block_size=3, target_layer_ids=[0, 2])
+    assert drafter.options == DecodingOptions() and drafter.last_stats is None
+    drafter.verify_policy, drafter.ngram_drafts = 2, False
+    assert drafter.options == DecodingOptions(2, ngram_drafts=False)
+    drafter.options = DecodingOptions("all")
+    assert (drafter.verify_policy, drafter.ngram_drafts, drafter.device_profile) == ("all", True, None)
