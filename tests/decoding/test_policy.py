@@ -4,7 +4,7 @@ drafts verified, the draft gate and its prior from the calibration), and the spe
 import pytest
 import torch
 
-from hf_dspark import DSparkDrafter
+from hf_dspark import DecodingOptions, DSparkDrafter
 from hf_dspark.decoding.policy import VerifyPolicy
 from hf_dspark.decoding.profile import ProfileMismatchError, profile_key
 from hf_dspark.decoding.scheduler import max_verified
@@ -87,3 +87,23 @@ def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
                                        "prefix_survival": [0.9, 0.9, 0.9]})
     assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=0.0)._gate_prior(0.0) == (pytest.approx(2.7), 3)
     assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=1.0)._gate_prior(1.0) == (pytest.approx(1.4), 2)
+
+
+def test_static_policies_resolve_their_lengths():
+    """Policies without a profile: "all" verifies every draft, k at most k (and no more than k drafts are computed),
+    a threshold up to the first c_k below it; none gates drafting. A callable's answer outside 0..n, and a spec that
+    is none of these (True is not a k), are errors."""
+    model, drafter = setup(block=4)
+    conf = torch.tensor([0.9, 0.8, 0.3, 0.9])
+    everything = VerifyPolicy("all", drafter, model)
+    assert everything.length(conf, 4) == 4 and everything.max_drafts == 4 and everything.gate is None
+    two = VerifyPolicy(2, drafter, model)
+    assert (two.length(conf, 4), two.length(conf, 1), two.max_drafts, two.max_ngram_drafts) == (2, 1, 2, 2)
+    threshold = VerifyPolicy(("threshold", 0.5), drafter, model)
+    assert threshold.needs_confidence and threshold.length(conf, 4) == 2 and threshold.should_draft()
+    assert VerifyPolicy.for_call(drafter, model).spec == drafter.options.verify_policy == "all"
+    assert VerifyPolicy.for_call(drafter, model, DecodingOptions(3)).max_drafts == 3
+    with pytest.raises(ValueError, match="returned 9 for 4 drafts"):
+        VerifyPolicy(lambda c: 9, drafter, model).length(conf, 4)
+    with pytest.raises(ValueError, match="verify_policy"):
+        VerifyPolicy(True, drafter, model)
