@@ -6,8 +6,10 @@ exact inside an accepted block (StopScanner, the streamer it wraps)."""
 import pytest
 import torch
 from transformers import DynamicCache, StaticCache, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers.generation.stopping_criteria import MaxLengthCriteria
 
 from hf_dspark import DecodingOptions, DSparkDrafter, enable
+from hf_dspark.decoding.routing import StopScanner
 from tests.conftest import tiny_target
 from tests.helpers import PROMPT, assert_identical, drafter_for, oracle_drafts
 
@@ -264,3 +266,28 @@ def test_streamer_yields_the_final_text(llama, char_tokenizer):
         assert streamed == char_tokenizer.decode(out[0, PROMPT.shape[1]:])
         if stops:
             assert out.shape[1] < free.shape[1]
+
+
+def test_enable_swaps_the_class_once_and_keeps_its_name():
+    model = tiny_target()
+    cls = type(model)
+    assert enable(model) is model
+    swapped = type(model)
+    assert swapped is not cls and issubclass(swapped, cls) and swapped.__name__ == cls.__name__
+    assert enable(model) is model and type(model) is swapped  # idempotent
+    with pytest.raises(ValueError, match="cannot generate"):
+        enable(torch.nn.Linear(2, 2))
+
+
+def test_stop_scanner_stops_at_the_first_prefix_a_criterion_stops():
+    """StopScanner on hand-made rounds: EOS and max-length criteria stay transformers' own; a custom criterion is
+    checked on every prefix a round added, not only on the round's end, and truncate cuts right after the stop."""
+    prompt = torch.tensor([[1, 2]])
+    assert StopScanner(StoppingCriteriaList([MaxLengthCriteria(50)]), prompt).checks == []
+    scanner = StopScanner(StoppingCriteriaList([MaxLengthCriteria(50), StopAfterToken(7)]), prompt)
+    assert len(scanner.checks) == 1
+    first = torch.tensor([[1, 2, 3, 4]])
+    assert scanner.scan(first) is None and not scanner(first, None).any() and scanner.truncate(first) is first
+    second = torch.tensor([[1, 2, 3, 4, 7, 5, 6]])  # the stop token inside the round
+    assert scanner(second, None).all() and scanner.stop_len == 5
+    assert scanner.truncate(second).tolist() == [[1, 2, 3, 4, 7]]
