@@ -7,6 +7,7 @@ import torch
 from transformers import BertConfig, BertLMHeadModel
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.decoding.architecture import check_architecture
 from hf_dspark.model.binding import UnsupportedArchitectureError
 from tests.arch_matrix import build
 from tests.helpers import drafter_for
@@ -39,3 +40,18 @@ def test_bidirectional_encoder_head_is_refused_unless_a_decoder():
     with pytest.raises(UnsupportedArchitectureError, match="is_decoder=False"):
         DSparkDrafter.from_target(BertLMHeadModel(BertConfig(**cfg)).eval())
     DSparkDrafter.from_target(BertLMHeadModel(BertConfig(is_decoder=True, **cfg)).eval())  # as a decoder: served
+
+
+def test_a_served_target_passes_untouched(llama):
+    """check_architecture itself, without a drafter: a Llama passes (None), its probe forward leaves the global RNG,
+    the model's class (no routing enabled) and its parameters as they were; a state-space model is refused."""
+    before = {k: v.clone() for k, v in llama.state_dict().items()}
+    cls = type(llama)
+    torch.manual_seed(3)
+    state = torch.random.get_rng_state()
+    assert check_architecture(llama) is None
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert type(llama) is cls and not getattr(llama, "_is_dspark_enabled", False)
+    assert all(torch.equal(before[k], v) for k, v in llama.state_dict().items())
+    with pytest.raises(UnsupportedArchitectureError, match="stateful"):
+        check_architecture(build("mamba"))
