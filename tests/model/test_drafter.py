@@ -7,6 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.model.drafter import DSparkDraftModel
+from hf_dspark.model.heads import DraftBlock
 from tests.conftest import tiny_target
 from tests.helpers import PROMPT, assert_identical, drafter_for
 
@@ -72,3 +74,65 @@ def test_non_finite_drafter_logits_are_named_when_sampling(llama):
         assert llama.generate(PROMPT, max_new_tokens=8, do_sample=False, assistant_model=drafter).tolist() == plain.tolist()
     finally:
         handle.remove()
+
+
+def test_the_network_is_sized_for_its_target_and_binds_without_routing():
+    """DSparkDraftModel.from_target sizes a drafter for the target (its widths and vocabulary, the highest id that is
+    no special token as mask) and binds it: bound_target, base logits through the target's LM head. It enables
+    nothing on the target: routing generate() is decoding's (DSparkDrafter). Unbound, `target` says so."""
+    model = tiny_target()
+    cls = type(model)
+    net = DSparkDraftModel.from_target(model, block_size=4, target_layer_ids=[0, 2])
+    assert type(net) is DSparkDraftModel and net.bound_target is model and net.target is model
+    assert type(model) is cls and not getattr(model, "_is_dspark_enabled", False)
+    assert (net.config.hidden_size, net.config.vocab_size, net.config.target_num_hidden_layers) == (32, 64, 4)
+    assert net.config.mask_token_id == 63  # tiny_target has no EOS, PAD or BOS
+    h = torch.randn(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(net.base_logits(h), model.lm_head(h).float())
+    unbound = DSparkDraftModel(net.config)
+    assert unbound.bound_target is None
+    with pytest.raises(RuntimeError, match="not bound to a target"):
+        unbound.target
+    assert unbound.bind(model) is unbound and unbound.bound_target is model
+
+
+def test_a_round_drafts_n_tokens_with_their_logits_and_confidences():
+    """draft(): a DraftBlock of n drafts (tokens [n], the logits [n, V] they were drawn from, raw and calibrated
+    confidences); greedy, each token is its logits' argmax and the same context gives the same block."""
+    model = tiny_target()
+    torch.manual_seed(1)
+    net = DSparkDraftModel.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
+    n_ctx = PROMPT.shape[1] - 1  # the committed context; the prompt's last token is the anchor
+    with torch.no_grad():
+        hs = model(PROMPT, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i + 1] for i in net.config.target_layer_ids], dim=-1)[:, :n_ctx]
+        ctx = net.context_kv(feats, torch.arange(n_ctx)[None])
+        block = net.draft(ctx, PROMPT, 3)
+        again = net.draft(ctx, PROMPT, 3)
+    assert isinstance(block, DraftBlock)
+    assert block.tokens.shape == (3,) and block.logits.shape == (3, 64) and block.conf_logits.shape == (3,)
+    assert torch.equal(block.tokens, block.logits.argmax(-1)) and torch.equal(block.tokens, again.tokens)
+    torch.testing.assert_close(block.confidences, net.confidence_probs(block.conf_logits).cpu())
+
+
+def test_draft_weights_are_the_draft_vocabularys_rows():
+    """draft_weights: the full LM head and W2 without a draft vocabulary; with one, its sorted unique ids and exactly
+    their rows. set_draft_vocab(None) drops the buffer and goes back to the full vocabulary; ids outside it are
+    refused."""
+    model = tiny_target()
+    drafter = drafter_for(model)
+    head, w2 = model.lm_head.weight, drafter.markov_head.W2.weight
+    vocab, rows, w2_rows = drafter.draft_weights()
+    assert vocab is None and rows is head and w2_rows is w2
+    drafter.set_draft_vocab([40, 3, 9, 3])
+    vocab, rows, w2_rows = drafter.draft_weights()
+    assert vocab.tolist() == [3, 9, 40] and drafter.config.draft_vocab_size == 3
+    assert torch.equal(rows, head[[3, 9, 40]]) and torch.equal(w2_rows, w2[[3, 9, 40]])
+    assert "draft_vocab" in dict(drafter.named_buffers())
+    drafter.set_draft_vocab(None)
+    assert drafter.draft_vocab is None and drafter.config.draft_vocab_size is None
+    assert "draft_vocab" not in dict(drafter.named_buffers()) and drafter.draft_weights()[0] is None
+    for bad in ([], [-1, 3], [64]):
+        with pytest.raises(ValueError, match="draft vocabulary"):
+            drafter.set_draft_vocab(bad)
