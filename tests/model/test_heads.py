@@ -1,11 +1,13 @@
 """The sequential heads, the confidence head and the reference sampler (model/heads.py). The Triton kernels that
 replace parts of it are checked against it in tests/model/test_kernels.py."""
 
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
-from hf_dspark.model.heads import draw
+from hf_dspark.model.heads import HEADS, ConfidenceHead, build_head, draw
 from tests.sampling_check import ALPHA, _g_test
 
 
@@ -28,3 +30,48 @@ def test_draw_follows_softmax_and_never_draws_a_zero():
         assert int(draw(z)) == 4
     finally:
         torch.rand = real
+
+
+def _config(head_type):
+    return SimpleNamespace(head_type=head_type, vocab_size=16, markov_rank=4, hidden_size=8)
+
+
+def test_build_head_makes_the_configured_head():
+    for name, cls in HEADS.items():
+        head = build_head(_config(name))
+        assert head is None if cls is None else type(head) is cls, name
+
+
+@pytest.mark.parametrize("head_type", [name for name, cls in HEADS.items() if cls is not None])
+def test_block_is_the_steps_teacher_forced(head_type):
+    """A head's `block` (every position at once, teacher-forced, as training runs it) equals its `step` applied left
+    to right (as drafting runs it), biases and previous-token embeddings alike; through `w2` rows (a pruned draft
+    vocabulary) the same columns of the bias."""
+    torch.manual_seed(0)
+    head = build_head(_config(head_type))
+    prev, h = torch.randint(0, 16, (2, 5)), torch.randn(2, 5, 8)
+    with torch.no_grad():
+        bias, emb = head.block(prev, h)
+        state, biases, embs = None, [], []
+        for k in range(5):
+            b, e, state = head.step(prev[:, k], h[:, k], state)
+            biases.append(b)
+            embs.append(e)
+        rows = torch.tensor([1, 4, 9])
+        pruned, _ = head.block(prev, h, head.W2.weight[rows])
+    assert bias.shape == (2, 5, 16) and emb.shape == (2, 5, 4)
+    torch.testing.assert_close(bias, torch.stack(biases, 1))
+    torch.testing.assert_close(emb, torch.stack(embs, 1))
+    torch.testing.assert_close(pruned, bias[..., rows])
+
+
+def test_confidence_head_reads_the_previous_token_only_when_told():
+    torch.manual_seed(0)
+    h, e = torch.randn(3, 8), torch.randn(3, 4)
+    with torch.no_grad():
+        with_prev = ConfidenceHead(12)
+        z = with_prev(h, e)
+        torch.testing.assert_close(z, with_prev.proj(torch.cat([h, e], -1)).squeeze(-1))
+        alone = ConfidenceHead(8, use_prev=False)
+        torch.testing.assert_close(alone(h, e), alone(h, None))
+    assert z.shape == (3,)
