@@ -5,8 +5,10 @@ import pytest
 
 from hf_dspark import DSparkConfig, DSparkDrafter
 from hf_dspark.model.binding import UnsupportedArchitectureError
+from hf_dspark.model.config import calibration_entries, default_target_layer_ids
 from tests import arch_matrix
 from tests.arch_matrix import build
+from tests.conftest import tiny_target
 
 
 def test_config_validation():
@@ -78,3 +80,32 @@ def test_rope_per_layer_type_gives_the_drafter_the_full_attention_entry(model_ty
     rope = model.config.get_text_config().rope_parameters
     assert set(rope) >= {"sliding_attention", "full_attention"}  # the per-layer-type form of item 1
     assert drafter.config.rope_parameters["rope_theta"] == rope["full_attention"]["rope_theta"]
+
+
+def test_for_target_copies_the_geometry_and_taps_below_the_last_layer():
+    """for_target: the target's widths, heads, vocabulary and RoPE, what it was built for (model_type, depth), and
+    DFlash's default taps (never the last layer); overrides win."""
+    target = tiny_target(layers=4).config
+    cfg = DSparkConfig.for_target(target, mask_token_id=5)
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (32, 64, 4, 2)
+    assert cfg.head_dim == 8 and (cfg.target_model_type, cfg.target_num_hidden_layers) == ("llama", 4)
+    assert cfg.target_layer_ids == default_target_layer_ids(4) == [0, 1, 2]
+    assert cfg.rope_parameters["rope_theta"] == target.rope_parameters["rope_theta"]
+    assert DSparkConfig.for_target(target, mask_token_id=5, target_layer_ids=[1]).target_layer_ids == [1]
+    assert default_target_layer_ids(30) == [1, 8, 14, 20, 27] and default_target_layer_ids(36) == [1, 9, 17, 25, 33]
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        default_target_layer_ids(1)
+
+
+def test_calibration_entries_are_sorted_copies():
+    """calibration_entries: entries sorted by temperature, as copies (the caller's lists stay as they were); a bare
+    dict is one entry with the top-level temperatures; what is not entries is returned for validate() to name."""
+    t1 = {"temperature": 1.0, "confidence_temperatures": (0.5, 0.5), "prefix_survival": [0.4, 0.2]}
+    greedy = {"temperature": 0.0, "confidence_temperatures": [2.0, 2.0], "prefix_survival": [0.8, 0.6]}
+    out = calibration_entries([t1, greedy], [1.0, 1.0])
+    assert [c["temperature"] for c in out] == [0.0, 1.0] and out[1]["confidence_temperatures"] == [0.5, 0.5]
+    out[0]["prefix_survival"].append(0.0)
+    assert greedy["prefix_survival"] == [0.8, 0.6]
+    assert calibration_entries({"temperature": 1.0, "prefix_survival": [0.4, 0.2]}, (0.9, 1.1)) == [
+        {"temperature": 1.0, "confidence_temperatures": [0.9, 1.1], "prefix_survival": [0.4, 0.2]}]
+    assert calibration_entries(None, [1.0]) is None and calibration_entries("t=1", [1.0]) == "t=1"
