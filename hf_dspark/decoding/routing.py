@@ -40,6 +40,11 @@ _EXPECTED = {
     "_validate_generation_mode": ("self", "generation_mode", "generation_config", "generation_mode_kwargs"),
 }
 
+# cache_implementation values DSpark runs (None: transformers' default, a DynamicCache). A static cache is rolled back by
+# moving its position (StaticLayer.crop), and a sliding-window layer only while the cache fits its window:
+# transformers' assisted loop refuses a cache it cannot crop, by name, at the first verification.
+_CACHES = (None, "dynamic", "static")
+
 # Assistant options of transformers' own generators that mean nothing to DSpark: refusing them beats ignoring them.
 _FOREIGN_OPTIONS = (
     "prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp", "speculation_type", "assistant_ensemble_weight",
@@ -184,10 +189,10 @@ def _validate_request(target, drafter, mode, gen_config: GenerationConfig, mode_
             )
     if mode_kwargs.get("assistant_tokenizer") is not None:
         raise ValueError("DSpark drafters share the target's tokenizer: do not pass assistant_tokenizer")
-    if gen_config.cache_implementation is not None:
+    if gen_config.cache_implementation not in _CACHES:
         raise NotImplementedError(
-            f"cache_implementation={gen_config.cache_implementation!r}: assisted decoding needs a croppable "
-            "DynamicCache; static/offloaded caches are not supported"
+            f"cache_implementation={gen_config.cache_implementation!r} is not supported with DSpark: it supports "
+            f"{', '.join(repr(c) for c in _CACHES if c)} (offloaded and quantized caches are untested here)"
         )
 
 

@@ -61,7 +61,7 @@ def test_bad_per_call_options_are_named():
     (dict(prompt_lookup_num_tokens=3), ValueError, "prompt_lookup_num_tokens"),
     (dict(num_assistant_tokens=5), ValueError, "num_assistant_tokens"),
     (dict(assistant_confidence_threshold=0.2), ValueError, "assistant_confidence_threshold"),
-    (dict(cache_implementation="static"), NotImplementedError, "static"),
+    (dict(cache_implementation="offloaded"), NotImplementedError, "offloaded"),
     (dict(max_new_tokens=300), ValueError, "context"),
 ])
 def test_unsupported_requests_are_named(llama, kwargs, error, message):
@@ -174,8 +174,8 @@ def test_prefilled_cache_is_refused(llama):
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_empty_cache_objects_stay_exact(llama, kind):
-    """An empty cache object passed in is fine: a DynamicCache, and a StaticCache (croppable in transformers 5.24;
-    only `cache_implementation="static"` is refused, in tests/decoding/test_candidate.py)."""
+    """An empty cache object passed in is fine: a DynamicCache, and a StaticCache (rolled back by moving its position;
+    `cache_implementation="static"` too: tests/decoding/test_static_cache.py)."""
     drafter = drafter_for(llama)
     plain = llama.generate(PROMPT, do_sample=False, max_new_tokens=30)
     cache = DynamicCache(config=llama.config) if kind == "dynamic" else StaticCache(config=llama.config, max_cache_len=64)
