@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ablation", help="DFlash-ablation drafter folder (--head none); omitted if not given")
     p.add_argument("--compiled", action="store_true",
                    help="also time plain generate with a static cache and torch.compile (its compile time, on the "
-                        "warm-up call, is reported apart)")
+                        "warm-up call, is reported apart); with --static-cache, the first DSpark policy too")
+    p.add_argument("--static-cache", action="store_true",
+                   help="also time the first DSpark policy on a static KV cache (eager, and compiled with --compiled)")
     p.add_argument("--max-new-tokens", type=common.positive, default=256, help="tokens generated per prompt")
     p.add_argument("--do-sample", action="store_true", help="sample (each method reseeded per prompt) instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --do-sample)")
@@ -45,7 +47,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from ..eval.bench import (Method, dspark_methods, identity_failures, load_prompts, markdown_table, plot,
-                              run_bench, static_compiled)
+                              run_bench, static_cache)
     from ..io.loading import load_target, load_target_and_drafter
     from ..decoding.assistant import DSparkDrafter
 
@@ -60,10 +62,15 @@ def cmd_bench(args) -> int:
     if args.prompt_lookup:
         methods.append(Method(f"prompt-lookup-{args.prompt_lookup}", {"prompt_lookup_num_tokens": args.prompt_lookup}))
     if args.compiled:
-        methods.append(static_compiled(model))
+        methods.append(static_cache(model))
     if args.ablation:
         methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
-    methods += dspark_methods(args.policies, drafter)
+    dspark = dspark_methods(args.policies, drafter)
+    methods += dspark
+    if args.static_cache:
+        methods.append(static_cache(model, dspark[0], compiled=False))
+        if args.compiled:
+            methods.append(static_cache(model, dspark[0]))
     prompts = load_prompts(args.prompts, args.limit, args.holdout)
     res = run_bench(model, tok, methods, prompts, args.max_new_tokens, args.do_sample, args.temperature,
                     referee=referee, tie_tolerance=args.tie_tolerance)

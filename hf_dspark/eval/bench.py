@@ -48,17 +48,24 @@ class Method:
     fresh: Callable[[int], dict] | None = None
 
 
-def static_compiled(model, mode: str = "default") -> Method:
-    """Plain generate with a static KV cache and the forward compiled by torch.compile (transformers' speed
-    recipe; its CompileConfig, allowed on every device): the cache is sized once for the whole benchmark, so the
-    decode step compiles once, on the warm-up call."""
+def static_cache(model, base: Method | None = None, compiled: bool = True, mode: str = "default") -> Method:
+    """`base` (default: plain generate) on a static KV cache, its forward compiled by torch.compile (transformers'
+    speed recipe; its CompileConfig, allowed on every device) or, with compiled=False, eager. The cache is sized
+    once for the whole benchmark, so each forward shape compiles once, on the warm-up calls (a DSpark method
+    verifies 1..γ+1 tokens: one graph per length)."""
     from transformers import StaticCache
     from transformers.generation import CompileConfig
 
-    config = CompileConfig(dynamic=False, mode=mode)
-    config._compile_all_devices = True  # transformers compiles on CUDA only unless told otherwise
-    return Method("plain-static-compiled", {"compile_config": config},
-                  fresh=lambda longest: {"past_key_values": StaticCache(config=model.config, max_cache_len=longest)})
+    base = base or Method("plain")
+    if compiled:
+        config = CompileConfig(dynamic=False, mode=mode)
+        config._compile_all_devices = True  # transformers compiles on CUDA only unless told otherwise
+        extra = {"compile_config": config}
+    else:
+        extra = {"disable_compile": True}
+    return dataclasses.replace(
+        base, name=f"{base.name}-static" + ("-compiled" if compiled else ""), extra={**base.extra, **extra},
+        fresh=lambda longest: {"past_key_values": StaticCache(config=model.config, max_cache_len=longest)})
 
 
 def load_prompts(paths: list[str], limit: int | None, holdout: bool = False) -> list[tuple[str, str]]:

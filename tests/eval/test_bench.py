@@ -170,10 +170,23 @@ def test_a_prompt_past_the_context_is_refused_before_any_method_runs():
 def test_the_static_compiled_peer_runs_and_matches_plain(tmp_path):
     """Plain generate with a static cache and torch.compile: same greedy tokens as plain; its first call (the
     compile) is reported apart from the timed runs."""
-    from hf_dspark.eval.bench import static_compiled
+    from hf_dspark.eval.bench import static_cache
 
     model = tiny_target(layers=1, hidden=16, heads=2, kv_heads=1)
-    res = run_bench(model, Tok(), [Method("plain"), static_compiled(model)], PROMPTS[:2], max_new_tokens=6, warmup=1)
+    res = run_bench(model, Tok(), [Method("plain"), static_cache(model)], PROMPTS[:2], max_new_tokens=6, warmup=1)
     assert res["methods"]["plain-static-compiled"]["all"]["mismatches"] == []
     assert set(res["warmup_seconds"]) == {"plain", "plain-static-compiled"}
     assert res["warmup_seconds"]["plain-static-compiled"] > res["warmup_seconds"]["plain"]  # it compiled there
+
+
+def test_dspark_on_a_static_cache_runs_and_matches_plain():
+    """`--static-cache`: the first DSpark policy on a static cache, eager: same greedy tokens as plain."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.eval.bench import dspark_methods, static_cache
+
+    model = tiny_target(layers=2, hidden=16, heads=2, kv_heads=1)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0])
+    method = static_cache(model, dspark_methods("all", drafter)[0], compiled=False)
+    assert method.name == "dspark-static" and method.drafter is drafter and method.extra == {"disable_compile": True}
+    res = run_bench(model, Tok(), [Method("plain"), method], PROMPTS[:2], max_new_tokens=6, warmup=1)
+    assert res["methods"]["dspark-static"]["all"]["mismatches"] == []
