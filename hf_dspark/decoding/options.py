@@ -27,12 +27,16 @@ class DecodingOptions:
     """verify_policy: how many drafts to verify per round (default "auto": the scheduler and its draft gate on this
     device's measured profile, policy.py); ngram_drafts: rounds whose last tokens occurred before take free
     n-gram drafts instead (ngram.py; default on); device_profile: the DeviceProfile the scheduler uses (None = the
-    cached one for this target/device, measured once). The defaults are the best lossless configuration this
-    package knows; "all" (verify every draft, no gate) stays available and can be slower than plain generate."""
+    cached one for this target/device, measured once); loop: "assisted" (default: transformers' assisted-decoding
+    loop), "static" (DSpark's own loop on a static KV cache, loop.py) or "compiled" (the same, its multi-token
+    verification forwards compiled: a graph per verification length, compiled on first use). The defaults are the
+    best lossless configuration this package knows; "all" (verify every draft, no gate) stays available and can be
+    slower than plain generate."""
 
     verify_policy: Policy = "auto"
     ngram_drafts: bool = True
     device_profile: DeviceProfile | None = None
+    loop: str = "assisted"
 
     @classmethod
     def parse(cls, text: str) -> "DecodingOptions":

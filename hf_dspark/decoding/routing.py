@@ -24,8 +24,10 @@ from transformers.generation.stopping_criteria import (
     MaxTimeCriteria,
     StoppingCriteria,
 )
+from transformers.utils import logging
 
 from ..model.binding import check_placement
+from . import loop
 from .candidate import DSparkCandidateGenerator
 from .draft_model import DraftModel
 from .options import DecodingOptions
@@ -43,7 +45,10 @@ _EXPECTED = {
 # cache_implementation values DSpark runs (None: transformers' default, a DynamicCache). A static cache is rolled back by
 # moving its position (StaticLayer.crop), and a sliding-window layer only while the cache fits its window:
 # transformers' assisted loop refuses a cache it cannot crop, by name, at the first verification.
+logger = logging.get_logger(__name__)
+
 _CACHES = (None, "dynamic", "static")
+_LOOPS = ("assisted", "static", "compiled")  # DecodingOptions.loop
 
 # Assistant options of transformers' own generators that mean nothing to DSpark: refusing them beats ignoring them.
 _FOREIGN_OPTIONS = (
@@ -133,7 +138,20 @@ class DSparkGenerationMixin:
             stopping_criteria.append(scanner)
             if kwargs.get("streamer") is not None:
                 kwargs["streamer"] = _StoppingStreamer(kwargs["streamer"], scanner, input_ids)
-        out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
+        options = _CALL_OPTIONS.get() or drafter.options
+        if options.loop not in _LOOPS:
+            raise ValueError(f"DecodingOptions.loop must be one of {_LOOPS}, got {options.loop!r}")
+        why = None if options.loop == "assisted" else loop.unsupported(self, input_ids, generation_config, kwargs)
+        if options.loop == "assisted" or why is not None:
+            if why is not None:
+                logger.warning_once(f"DSpark's {options.loop} loop does not take {why}: this call runs on "
+                                    "transformers' assisted loop (same output, its speed)")
+            out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                                             **kwargs)
+        else:
+            candidate = DSparkCandidateGenerator(self, drafter, generation_config, logits_processor, options)
+            out = loop.decode(self, input_ids, logits_processor, stopping_criteria, generation_config, candidate,
+                              streamer=kwargs.get("streamer"), compiled=options.loop == "compiled")
         return scanner.truncate(out)
 
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,

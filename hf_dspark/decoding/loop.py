@@ -1,0 +1,144 @@
+"""DSpark's own verification loop: a static KV cache, verification forwards at a few fixed lengths, rollback by
+moving the cache's position, and the multi-token forward compiled (torch.compile, one graph per length).
+
+Drafting, the verify policy, the stats and the rollback of stateful processors stay the candidate generator's
+(candidate.py), exactly as on transformers' assisted loop; this loop replaces only the loop around them, for the
+requests it can take. `unsupported(...)` names what still goes to transformers' assisted loop.
+
+One round, with n = 1 + ℓ tokens to verify (the anchor and ℓ drafts) on a cache holding cur_len - 1 positions:
+  feed [anchor, x_1..x_ℓ] padded to L = padded(n) tokens (the pad repeats the last token; its rows are never read)
+  → logits rows 0..ℓ, processed and judged as transformers judges them (greedy prefix match / rejection sampling)
+  → keep cur_len + m positions (anchor + m accepted drafts): the L - 1 - m positions after them are rolled back by
+    moving the position; the next forward overwrites them.
+A padded row sees only earlier positions (causal), so rows 0..ℓ are the logits an unpadded forward computes.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import StaticCache
+from transformers.generation.utils import _speculative_sampling
+
+LENGTHS = (1, 2, 4, 8, 16, 32, 64)  # verification forwards are padded up to one of these; γ + 1 ≤ 64
+_ALLOWED_KWARGS = {"assistant_model", "synced_gpus", "attention_mask", "position_ids", "logits_to_keep", "cache",
+                   "use_cache", "streamer", "inputs_tensor", "tokenizer", "assistant_tokenizer", "target_tokenizer"}
+
+
+def padded(n: int) -> int:
+    """The verification length a forward of n tokens runs as: the smallest of LENGTHS ≥ n."""
+    return next(length for length in LENGTHS if length >= n)
+
+
+def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs: dict) -> str | None:
+    """None if this loop can run the request, else why it stays on transformers' assisted loop."""
+    if generation_config.return_dict_in_generate:
+        return "return_dict_in_generate=True"
+    extra = sorted(k for k, v in model_kwargs.items() if k not in _ALLOWED_KWARGS and v is not None)
+    if extra:
+        return f"generate arguments {extra}"
+    if model_kwargs.get("synced_gpus"):
+        return "synced_gpus=True"
+    cache = model_kwargs.get("cache")
+    if cache is not None and getattr(cache, "_is_user_defined", False):
+        return "a cache object passed in"
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and not torch.equal(positions.view(-1).cpu(), torch.arange(input_ids.shape[1])):
+        return "custom position_ids"
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return f"{type(model).__name__} has no static-cache support in transformers"
+    return None
+
+
+class StaticVerifier:
+    """The target's forwards on one static cache of `max_len` positions (+ the largest padding), eager or compiled
+    (`compiled`: the multi-token verification forwards only; a one-token step runs eagerly, where compiling did not
+    pay on the CPUs measured, docs/benchmarks.md)."""
+
+    def __init__(self, model, max_len: int, hidden_states, compiled: bool = False):
+        self.model, self.hidden_states = model, hidden_states
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.forward = _compiled_forward(model) if compiled else model.forward
+
+    def prefill(self, input_ids: torch.Tensor):
+        out = self.model(input_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+        if not self.cache.is_croppable:
+            raise NotImplementedError("this target's static cache cannot be rolled back (a sliding window shorter "
+                                      "than the request)")
+        return out
+
+    def verify(self, tokens: torch.Tensor):
+        """tokens [1, n] → the forward of them padded to padded(n), all rows (the caller reads rows 0..n-1)."""
+        n = tokens.shape[1]
+        L = padded(n)
+        if L > n:
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(1, L - n)], dim=1)
+        forward = self.forward if L > 1 else self.model.forward
+        return forward(tokens, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+
+    def keep(self, fed: int, kept: int) -> None:
+        """After a verification of `fed` real tokens (padded): keep the first `kept` of them in the cache."""
+        self.cache.crop(-(padded(fed) - kept))
+
+
+def _compiled_forward(model):
+    compiled = getattr(model, "_dspark_compiled_forward", None)
+    if compiled is None:
+        compiled = torch.compile(model.forward, dynamic=False)
+        model.__dict__["_dspark_compiled_forward"] = compiled
+    return compiled
+
+
+@torch.no_grad()
+def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config, candidate,
+           streamer=None, compiled: bool = False) -> torch.Tensor:
+    """DSpark decoding of one sequence: input_ids [1, prompt] → [1, prompt + new] (the tensor generate() returns).
+    `candidate` is the call's DSparkCandidateGenerator; the rest are generate()'s own objects."""
+    do_sample = bool(generation_config.do_sample)
+    eos = getattr(generation_config, "_eos_token_tensor", None)
+    # room for the longest padded verification past the last position a draft may take
+    room = generation_config.max_length + padded(candidate.block_size + 1)
+    verifier = StaticVerifier(model, room, candidate.model_kwargs_overrides["output_hidden_states"], compiled)
+    # the prefill: transformers' first assisted round (no candidates; the first token drawn from the last row)
+    candidate.get_candidates(input_ids, is_first_iteration=True)
+    out = verifier.prefill(input_ids)
+    fed, candidates, q_logits = 0, input_ids, None  # fed: tokens the last verification took (0: the prefill)
+    logits = out.logits[:, -1:]
+    while True:
+        cur_len = input_ids.shape[1]
+        n_drafts = candidates.shape[1] - cur_len
+        scores = logits[:, : n_drafts + 1].to(dtype=torch.float32, device=input_ids.device)
+        for i in range(n_drafts + 1):
+            scores[:, i] = logits_processor(candidates[:, : cur_len + i], scores[:, i])
+        if do_sample and q_logits is not None:
+            valid, matches = _speculative_sampling(candidates, q_logits, n_drafts, scores)
+        else:
+            if do_sample:
+                chosen = torch.multinomial(scores[0].softmax(dim=-1), num_samples=1).view(1, -1)
+            else:
+                chosen = scores.argmax(dim=-1)
+            drafts = candidates[:, cur_len:]
+            matches = int(((drafts != chosen[:, :-1]).cumsum(dim=-1) < 1).sum())
+            valid = chosen[:, : matches + 1]
+        valid = valid[:, : generation_config.max_length - cur_len]
+        if eos is not None:
+            ends = torch.isin(valid[0], eos.to(valid.device)).nonzero()
+            if ends.numel():
+                valid = valid[:, : int(ends[0]) + 1]
+        matches = valid.shape[1] - 1
+        input_ids = torch.cat([input_ids, valid], dim=-1)
+        if streamer is not None:
+            streamer.put(valid.cpu())
+        if fed:  # the anchor and the accepted drafts stay in the cache; the rest of the forward is rolled back
+            verifier.keep(fed, matches + 1)
+        candidate.update_candidate_strategy(input_ids, scores, matches)
+        if bool(stopping_criteria(input_ids, None).all()):
+            break
+        candidates, q_logits = candidate.get_candidates(input_ids, model_outputs=out, is_first_iteration=False)
+        candidates = candidates.to(input_ids.device)
+        q_logits = None if q_logits is None else q_logits.to(input_ids.device)
+        fed = candidates.shape[1] - input_ids.shape[1] + 1
+        out = verifier.verify(candidates[:, input_ids.shape[1] - 1:])
+        logits = out.logits
+    if streamer is not None:
+        streamer.end()
+    return input_ids

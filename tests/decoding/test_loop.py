@@ -1,0 +1,125 @@
+"""DSpark's own loop (decoding/loop.py, `DecodingOptions(loop="static" | "compiled")`): greedy output equal to plain
+generate, sampling on the target's law, stops, EOS and streamers exact, the rollback needed (a negative control),
+and the requests it does not take sent to transformers' assisted loop by name."""
+
+import pytest
+import torch
+from transformers import TextIteratorStreamer
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+from hf_dspark import DecodingOptions, DSparkDrafter
+from hf_dspark.decoding import loop
+from tests.conftest import tiny_target
+from tests.helpers import PROMPT, drafter_for, oracle_drafts
+from tests.sampling_check import ALPHA, N, STEPS, exact_distribution, fit_pvalue, processors, sample_counts, setup
+
+STATIC = DecodingOptions("all", ngram_drafts=False, loop="static")
+
+
+class StopAtLength(StoppingCriteria):
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_verification_lengths_are_padded_to_a_few_fixed_ones():
+    assert [loop.padded(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
+
+
+def _greedy(model, drafter, options, **gen):
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40, **gen)
+    with oracle_drafts(plain):
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=40, assistant_model=drafter,
+                             dspark_options=options, **gen)
+    return plain, out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("policy", ["all", 2, 0])
+@pytest.mark.parametrize("ngram", [False, True], ids=["drafter", "with-ngrams"])
+def test_greedy_equals_plain(family, policy, ngram, monkeypatch):
+    """Every acceptance length (oracle drafts right with p 0.7), n-gram rounds, plain steps (k = 0); and the loop
+    really ran (not the assisted fallback)."""
+    model = tiny_target(family)
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
+    ran = []
+    decode = loop.decode
+    monkeypatch.setattr(loop, "decode", lambda *a, **k: ran.append(1) or decode(*a, **k))
+    plain, out = _greedy(model, drafter, DecodingOptions(policy, ngram, loop="static"))
+    assert out.tolist() == plain.tolist() and ran == [1]
+    if policy == "all":
+        assert len({r.accepted for r in drafter.last_stats.rounds if r.verified}) > 2
+
+
+def test_compiled_verification_equals_plain():
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    plain, out = _greedy(model, drafter, DecodingOptions("all", ngram_drafts=False, loop="compiled"))
+    assert out.tolist() == plain.tolist()
+
+
+def test_eos_stop_strings_criteria_and_streamer_are_exact(llama, char_tokenizer):
+    free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
+    drafter = drafter_for(llama)
+    eos = int(free[0, PROMPT.shape[1] + 11])  # a token the answer reaches: EOS there, inside a drafted block
+    plain, out = _greedy(llama, drafter, STATIC, eos_token_id=eos)
+    assert out.tolist() == plain.tolist() and out.shape[1] < free.shape[1]
+    plain, out = _greedy(llama, drafter, STATIC, stopping_criteria=StoppingCriteriaList([StopAtLength(PROMPT.shape[1] + 9)]))
+    assert out.tolist() == plain.tolist() and out.shape[1] == PROMPT.shape[1] + 9
+    stop = char_tokenizer.decode(free[0, PROMPT.shape[1] + 14: PROMPT.shape[1] + 16])
+    streamer = TextIteratorStreamer(char_tokenizer, skip_prompt=True)
+    plain, out = _greedy(llama, drafter, STATIC, stop_strings=[stop], tokenizer=char_tokenizer, streamer=streamer)
+    assert out.tolist() == plain.tolist() and out.shape[1] < free.shape[1]
+    assert "".join(streamer) == char_tokenizer.decode(out[0, PROMPT.shape[1]:])
+
+
+def test_sampling_follows_the_targets_law():
+    """G-test on the enumerable V = 8 pair: rejection sampling on the static loop, drafts rejected often."""
+    from tests.sampling_check import PROMPT as SMALL
+
+    model, drafter = setup(head="markov")
+    exact = exact_distribution(model, SMALL, STEPS, processors())
+    samples = sample_counts(model, drafter, SMALL, STEPS, N, seed=11, dspark_options=STATIC)
+    assert any(r.verified > r.accepted for r in drafter.last_stats.rounds)
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"static loop: samples deviate from the target's law (p={p:.2e})"
+
+
+def test_negative_control_a_loop_that_keeps_a_rejected_draft_differs(monkeypatch):
+    """The greedy test can fail: a loop that leaves one rejected draft in the cache, once, gives other tokens."""
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
+    keep, spoiled = loop.StaticVerifier.keep, []
+
+    def keep_one_rejected_draft_once(self, fed, kept):  # once: the cache's room for padding is not overrun
+        if kept < fed and not spoiled:
+            spoiled.append(kept)
+            kept += 1
+        keep(self, fed, kept)
+
+    monkeypatch.setattr(loop.StaticVerifier, "keep", keep_one_rejected_draft_once)
+    plain, out = _greedy(model, drafter, STATIC)
+    assert out.tolist() != plain.tolist()
+
+
+def test_requests_it_does_not_take_go_to_the_assisted_loop_by_name(llama, caplog, monkeypatch):
+    drafter = drafter_for(llama)
+    ran = []
+    decode = loop.decode
+    monkeypatch.setattr(loop, "decode", lambda *a, **k: ran.append(1) or decode(*a, **k))
+    plain = llama.generate(PROMPT, do_sample=False, max_new_tokens=20, return_dict_in_generate=True)
+    out = llama.generate(PROMPT, do_sample=False, max_new_tokens=20, return_dict_in_generate=True,
+                         assistant_model=drafter, dspark_options=STATIC)
+    assert out.sequences.tolist() == plain.sequences.tolist() and ran == []
+    assert loop.unsupported(llama, PROMPT, llama.generation_config, {}) is None
+    config = llama.generation_config.__class__(return_dict_in_generate=True)
+    assert loop.unsupported(llama, PROMPT, config, {}) == "return_dict_in_generate=True"
+    assert "inputs_embeds" in loop.unsupported(llama, PROMPT, llama.generation_config,
+                                               {"inputs_embeds": torch.zeros(1, 3, 8)})
+    with pytest.raises(ValueError, match="loop must be one of"):
+        llama.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, dspark_options=DecodingOptions(loop="fast"))
