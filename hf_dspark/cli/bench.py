@@ -24,7 +24,11 @@ def add_parser(sub) -> None:
                    help="also time plain generate with a static cache and torch.compile (its compile time, on the "
                         "warm-up call, is reported apart); with --static-cache, the first DSpark policy too")
     p.add_argument("--static-cache", action="store_true",
-                   help="also time the first DSpark policy on a static KV cache (eager, and compiled with --compiled)")
+                   help="also time the first DSpark policy on a static KV cache in transformers' assisted loop (eager, "
+                        "and compiled with --compiled)")
+    p.add_argument("--loops", default="",
+                   help="also time the first DSpark policy on DSpark's own loop, comma separated: static, compiled "
+                        "(DecodingOptions.loop; compiled: its compile time, on the warm-up call, is reported apart)")
     p.add_argument("--max-new-tokens", type=common.positive, default=256, help="tokens generated per prompt")
     p.add_argument("--do-sample", action="store_true", help="sample (each method reseeded per prompt) instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --do-sample)")
@@ -47,7 +51,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from ..eval.bench import (Method, dspark_methods, identity_failures, load_prompts, markdown_table, plot,
-                              run_bench, static_cache)
+                              on_loop, run_bench, static_cache)
     from ..io.loading import load_target, load_target_and_drafter
     from ..decoding.assistant import DSparkDrafter
 
@@ -67,6 +71,7 @@ def cmd_bench(args) -> int:
         methods.append(Method("dflash-ablation", drafter=DSparkDrafter.from_pretrained(args.ablation, target=model)))
     dspark = dspark_methods(args.policies, drafter)
     methods += dspark
+    methods += [on_loop(dspark[0], loop.strip()) for loop in args.loops.split(",") if loop.strip()]
     if args.static_cache:
         methods.append(static_cache(model, dspark[0], compiled=False))
         if args.compiled:

@@ -45,6 +45,7 @@ class Method:
     drafter: object | None = None
     policy: object = "all"
     ngram: bool = False
+    loop: str = "assisted"  # DecodingOptions.loop of a DSpark method
     fresh: Callable[[int], dict] | None = None
 
 
@@ -120,7 +121,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
         kw = dict(gen, **m.extra, **(m.fresh(longest) if m.fresh else {}))
         if m.drafter is not None:
             kw.update(assistant_model=m.drafter, dspark_options=dataclasses.replace(
-                m.drafter.options, verify_policy=m.policy, ngram_drafts=m.ngram))
+                m.drafter.options, verify_policy=m.policy, ngram_drafts=m.ngram, loop=m.loop))
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
         return out, time.perf_counter() - t0
@@ -280,3 +281,8 @@ def dspark_methods(policies: str, drafter) -> list[Method]:
         out.append(Method(policy_name(o.verify_policy, o.ngram_drafts), drafter=drafter, policy=o.verify_policy,
                           ngram=o.ngram_drafts))
     return out
+
+
+def on_loop(method: Method, loop: str) -> Method:
+    """A DSpark method on another loop (DecodingOptions.loop: "static", "compiled"), named for it."""
+    return dataclasses.replace(method, name=f"{method.name}@{loop}", loop=loop)

@@ -48,7 +48,7 @@ def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict]
         shutil.rmtree(leftover)
     partial.mkdir(parents=True)
     shard = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    drafter.save_pretrained(partial / "drafter", **shard)
+    _write_drafter(partial, drafter, shard)
     _write_optimizer(partial, optimizer, scheduler, step, shard)
     _write_json(partial / "progress.json", {"step": step, **progress})
     _write_json(partial / "train_config.json", config)
@@ -56,6 +56,10 @@ def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict]
     _publish(partial, final)
     _prune(out, keep=final)
     return final
+
+
+def _write_drafter(folder: Path, drafter, shard: dict) -> None:
+    drafter.save_pretrained(folder / "drafter", **shard)
 
 
 def _write_optimizer(folder: Path, optimizer, scheduler, step: int, shard: dict) -> None:

@@ -190,3 +190,16 @@ def test_dspark_on_a_static_cache_runs_and_matches_plain():
     assert method.name == "dspark-static" and method.drafter is drafter and method.extra == {"disable_compile": True}
     res = run_bench(model, Tok(), [Method("plain"), method], PROMPTS[:2], max_new_tokens=6, warmup=1)
     assert res["methods"]["dspark-static"]["all"]["mismatches"] == []
+
+
+def test_dspark_on_its_own_loop_runs_and_matches_plain():
+    """`--loops static`: the first DSpark policy on DSpark's own loop: same greedy tokens as plain."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.eval.bench import dspark_methods, on_loop
+
+    model = tiny_target(layers=2, hidden=16, heads=2, kv_heads=1)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0])
+    method = on_loop(dspark_methods("all", drafter)[0], "static")
+    assert (method.name, method.loop) == ("dspark@static", "static")
+    res = run_bench(model, Tok(), [Method("plain"), method], PROMPTS[:2], max_new_tokens=6, warmup=1)
+    assert res["methods"]["dspark@static"]["all"]["mismatches"] == []
