@@ -56,11 +56,11 @@ class StaticVerifier:
 
     def __init__(self, model, max_len: int, hidden_states, compiled: bool = False):
         self.model, self.hidden_states = model, hidden_states
-        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.cache = _static_cache(model, max_len)
         self.forward = _compiled_forward(model) if compiled else model.forward
 
     def prefill(self, input_ids: torch.Tensor):
-        out = self.model(input_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+        out = self.model(input_ids, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
         if not self.cache.is_croppable:
             raise NotImplementedError("this target's static cache cannot be rolled back (a sliding window shorter "
                                       "than the request)")
@@ -69,15 +69,32 @@ class StaticVerifier:
     def verify(self, tokens: torch.Tensor):
         """tokens [1, n] → the forward of them padded to padded(n), all rows (the caller reads rows 0..n-1)."""
         n = tokens.shape[1]
-        L = padded(n)
-        if L > n:
-            tokens = torch.cat([tokens, tokens[:, -1:].expand(1, L - n)], dim=1)
+        fed = tokens.new_empty((1, padded(n)))  # a fresh [1, L] tensor: a compiled graph guards on shape and strides
+        fed[:, :n], fed[:, n:] = tokens, tokens[:, -1:]
+        tokens, L = fed, fed.shape[1]
         forward = self.forward if L > 1 else self.model.forward
-        return forward(tokens, past_key_values=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+        return forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
 
     def keep(self, fed: int, kept: int) -> None:
         """After a verification of `fed` real tokens (padded): keep the first `kept` of them in the cache."""
         self.cache.crop(-(padded(fed) - kept))
+
+
+CACHE_STEP = 256  # a static cache's length is rounded up to this: calls of similar lengths share one cache
+
+
+def _static_cache(model, length: int) -> StaticCache:
+    """The model's static cache, reset, if it holds `length` positions; else a new one of `length` rounded up to
+    CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across calls (their guards
+    check its tensors); a generate call is not thread-safe on one model anyway."""
+    kept = model.__dict__.get("_dspark_static_cache")
+    placed = (model.dtype, model.device)  # a cast or moved model needs a new cache
+    if kept is not None and kept[1] == placed and kept[0].layers[0].max_cache_len >= length:
+        kept[0].reset()
+        return kept[0]
+    cache = StaticCache(config=model.config, max_cache_len=-(-length // CACHE_STEP) * CACHE_STEP)
+    model.__dict__["_dspark_static_cache"] = (cache, placed)
+    return cache
 
 
 def _compiled_forward(model):
