@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .files import WEIGHTS, CheckpointFilesError, weight_files
+
 
 class UnsupportedArchitectureError(ValueError):
     """A target DSpark cannot serve losslessly (its cache cannot roll back, or it has no attention layers to tap)."""
@@ -143,11 +145,12 @@ def _check_local_checkpoint(cls, folder: Path) -> None:
         if value is not None and not _is(value, kind):
             raise ValueError(f"{config_file}: field {field!r} must be {kind}, got {value!r}")
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+    try:
+        files = weight_files(folder)
+    except CheckpointFilesError as e:
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".pkl", ".ckpt"})
-        what = f"only pickle checkpoints {pickles}" if pickles else "no *.safetensors file"
-        raise ValueError(f"{folder} holds {what}; DSpark loads safetensors only")
+        what = f"only pickle checkpoints {pickles}" if pickles else f"no {WEIGHTS} or shards"
+        raise ValueError(f"{folder} holds {what}; DSpark loads safetensors only ({e})") from e
     try:
         stored = {}
         for f in files:

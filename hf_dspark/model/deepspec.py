@@ -25,10 +25,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 from transformers.initialization import no_init_weights
-from transformers.utils import cached_file
 
 from .binding import placement, validate_pair
 from .config import DSparkConfig, calibration_entries
+from .files import HUB_KWARGS, WEIGHTS, resolve, weight_files
 from .heads import HEADS
 from .variants import VARIANTS
 
@@ -44,9 +44,7 @@ _FOREIGN = {
 HEAD_TYPES = {cls.deepspec_name: name for name, cls in HEADS.items() if cls is not None}  # markov_head_type → ours
 GEMMA_TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
 CALIBRATION_FILE = "dspark_calibration.json"
-WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 _IGNORED = re.compile(r"(^|\.)(inv_freq|original_inv_freq|\w*_inv_freq|embed_scale)$")  # non-persistent buffers
-_HUB_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "subfolder")
 
 # The one mapping table: (DeepSpec key, our key or None = the target's tensor, shape in config terms, present when).
 # {i} is a drafter layer. Symbols: V vocab_size, d hidden_size, m len(target_layer_ids), H num_attention_heads,
@@ -88,26 +86,9 @@ class DeepSpecFormatError(ValueError):
 
 
 # ---- files ----------------------------------------------------------------------------------------------
-def _hub_kwargs(kwargs: dict) -> dict:
-    return {k: kwargs[k] for k in _HUB_KWARGS if kwargs.get(k) is not None}
-
-
-def _resolve(path, filename: str, kwargs: dict) -> Path | None:
-    """A file of a local folder or a Hub repo (cache only when HF_HUB_OFFLINE); None if it does not exist."""
-    local = Path(str(path))
-    if local.is_dir():
-        f = local / kwargs.get("subfolder", "") / filename
-        return f if f.is_file() else None
-    try:
-        found = cached_file(str(path), filename, _raise_exceptions_for_missing_entries=False, **_hub_kwargs(kwargs))
-    except OSError:
-        return None
-    return Path(found) if found else None
-
-
 def read_config(path, **kwargs) -> dict | None:
     """The raw config.json of `path` as a dict, or None if there is none."""
-    f = _resolve(path, "config.json", kwargs)
+    f = resolve(path, "config.json", kwargs)
     return json.loads(f.read_text()) if f is not None else None
 
 
@@ -128,22 +109,6 @@ def is_deepspec_checkpoint(path, **kwargs) -> bool:
     if arch in _FOREIGN:
         raise DeepSpecFormatError(f"{path} holds {_FOREIGN[arch]} (architectures[0] = {arch!r})")
     return arch in ARCHITECTURES
-
-
-def weight_files(path, **kwargs) -> list[Path]:
-    """`model.safetensors`, or the shards named by `model.safetensors.index.json`. Never pickles."""
-    single = _resolve(path, WEIGHTS, kwargs)
-    if single is not None:
-        return [single]
-    index = _resolve(path, INDEX, kwargs)
-    if index is None:
-        raise DeepSpecFormatError(f"{path}: no {WEIGHTS} and no {INDEX} (DeepSpec checkpoints are safetensors)")
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    files = [_resolve(path, s, kwargs) for s in shards]
-    missing = [s for s, f in zip(shards, files) if f is None]
-    if missing:
-        raise DeepSpecFormatError(f"{path}: shards named in {INDEX} are missing: {missing}")
-    return files
 
 
 def _normalise_keys(stored) -> dict[str, str]:
@@ -329,7 +294,7 @@ def save_calibration(drafter, folder=None, **info) -> Path:
 
 def _read_calibration(path, config: DSparkConfig, fc_weight: torch.Tensor, explicit) -> bool:
     """Apply the sidecar's temperatures (and measured survival, if any) to `config` → whether one applied."""
-    f = Path(explicit) if explicit is not None else _resolve(path, CALIBRATION_FILE, {})
+    f = Path(explicit) if explicit is not None else resolve(path, CALIBRATION_FILE, {})
     if f is None or not f.is_file():
         if explicit is not None:
             raise FileNotFoundError(f"calibration file {explicit} does not exist")
@@ -401,7 +366,7 @@ def load(path, target=None, *, drafter_class, dtype: torch.dtype | None = None, 
     """
     if target is None:
         raise ValueError("a DeepSpec checkpoint needs its target: DSparkDrafter.from_pretrained(path, target=model)")
-    unknown = set(kwargs) - set(_HUB_KWARGS) - {"dtype", "torch_dtype"}
+    unknown = set(kwargs) - set(HUB_KWARGS) - {"dtype", "torch_dtype"}
     if unknown:
         raise TypeError(f"unexpected argument(s) for a DeepSpec checkpoint: {sorted(unknown)}")
     raw = read_config(path, **kwargs)

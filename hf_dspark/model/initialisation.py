@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from . import deepspec
 from .drafter import DSparkDraftModel
+from .files import WEIGHTS, CheckpointFilesError, weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,11 @@ def init_from(drafter: DSparkDraftModel, folder) -> None:
 
     folder, config = Path(folder), Path(folder) / "config.json"
     try:
-        files = deepspec.weight_files(folder) if config.is_file() else None
-    except deepspec.DeepSpecFormatError:
+        files = weight_files(folder) if config.is_file() else None
+    except CheckpointFilesError:
         files = None
     if files is None:
-        raise ValueError(f"init_from={folder}: no config.json / {deepspec.WEIGHTS} (give a drafter folder, e.g. "
+        raise ValueError(f"init_from={folder}: no config.json / {WEIGHTS} (give a drafter folder, e.g. "
                          "<run>/checkpoint-<step>/drafter)")
     differ = differences(json.loads(config.read_text()), drafter.config, _SAME_SHAPE)
     weights = {k: v for f in files for k, v in load_file(f).items()}

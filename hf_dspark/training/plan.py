@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging
 
-from ..model import deepspec
+from ..model.files import weight_files
 from ..model.initialisation import differences
 from . import checkpoint
 from .data import prompt_of, read_answers
@@ -139,7 +139,7 @@ def same_data(cfg) -> dict:
         raise ValueError(f"same_data_as={ref} was trained with other data settings (theirs vs ours): {differ}")
     vocab = None
     if cfg.draft_vocab:
-        for path in deepspec.weight_files(state / "drafter"):
+        for path in weight_files(state / "drafter"):
             with safe_open(str(path), "pt") as f:
                 vocab = f.get_tensor("draft_vocab") if "draft_vocab" in f.keys() else vocab
     if progress["step"] < progress.get("total", progress["step"]):
