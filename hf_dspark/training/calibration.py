@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..decoding.options import DecodingOptions
 from ..io.prompts import chat_inputs
 from ..model.config import calibration_entries
-from .data import check_excluded, done_ids, is_holdout, prompt_of, read_prompts
+from .data import answer_prompts, check_excluded, done_ids, is_holdout, prompt_of
 
 GRID = np.exp(np.linspace(math.log(0.25), math.log(8.0), 200))
 BIAS_GRID = np.linspace(-2.0, 2.0, 81)  # logit shifts; 0 is on it, so the fit can keep plain temperature scaling
@@ -172,7 +172,7 @@ def holdout_prompts(files: list[str], exclude_data: list[str], limit: int, seed:
     holdout: only the 1-in-20 prompts the answer job never answers (`data.is_holdout`); per_file: take N from each
     file instead of `limit` from the pooled shuffle, so every source (code too) is in the mix in a known share."""
     used = {prompt_of(i) for f in exclude_data for i in done_ids(f)}
-    pools = [[p for p in read_prompts(f) if p["id"] not in used and (not holdout or is_holdout(p["id"]))]
+    pools = [[p for p in answer_prompts(f) if p["id"] not in used and (not holdout or is_holdout(p["id"]))]
              for f in files]
     check_excluded([p for pool in pools for p in pool], list(eval_files))
     if per_file is not None:

@@ -38,7 +38,7 @@ def normalize(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
 
 
-def read_prompts(path: str | Path, suffix: str | None = None) -> list[dict]:
+def answer_prompts(path: str | Path, suffix: str | None = None) -> list[dict]:
     """A prompt file (io.prompts) → [{"id": "<file stem>:<line>", "prompt": prompt (+ suffix)}]; GSM8K files get
     the evaluation's reasoning suffix unless `suffix` says otherwise."""
     path = Path(path)
@@ -124,7 +124,7 @@ def plan(sources: list[str], exclude: list[str | Path] = (), seed: int = 0, temp
     jobs = []
     for spec in sources:
         path, copies = parse_source(spec)
-        prompts = [p for p in read_prompts(path) if not is_holdout(p["id"])]
+        prompts = [p for p in answer_prompts(path) if not is_holdout(p["id"])]
         check_excluded(prompts, list(exclude))
         jobs += [(f"{p['id']}#{k}", p, 0.0 if k == 0 else temperature) for p in prompts for k in range(copies)]
     random.Random(seed).shuffle(jobs)

@@ -129,14 +129,14 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
 
 def test_holdout_prompts_per_file_takes_only_never_answered_prompts_from_every_source(tmp_path):
     from hf_dspark.training.calibration import holdout_prompts
-    from hf_dspark.training.data import is_holdout, read_prompts
+    from hf_dspark.training.data import answer_prompts, is_holdout
 
     files = []
     for name in ("math_train", "code_train"):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps({"turns": [f"{name} question {i}"]}) + "\n" for i in range(200)))
         files.append(str(path))
-    held = {p["prompt"] for f in files for p in read_prompts(f) if is_holdout(p["id"])}
+    held = {p["prompt"] for f in files for p in answer_prompts(f) if is_holdout(p["id"])}
     assert 2 < len(held) < 40  # ~1 in 20 of 400
     got = holdout_prompts(files, [], limit=0, seed=0, holdout=True, per_file=2)
     assert len(got) == 4 and set(got) <= held

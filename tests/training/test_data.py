@@ -7,8 +7,8 @@ import torch
 
 from tests._tiny import tiny_target
 
-from hf_dspark.training.data import (GSM8K_SUFFIX, ShardWriter, check_excluded, done_ids, is_holdout, parse_source,
-                                     plan, prompt_of, read_answers, read_prompts)
+from hf_dspark.training.data import (GSM8K_SUFFIX, ShardWriter, answer_prompts, check_excluded, done_ids, is_holdout,
+                                     parse_source, plan, prompt_of, read_answers)
 
 
 def _jsonl(path, prompts):
@@ -17,14 +17,14 @@ def _jsonl(path, prompts):
 
 
 def test_gsm8k_files_get_the_eval_suffix(tmp_path):
-    g = read_prompts(_jsonl(tmp_path / "gsm8k_train.jsonl", ["What is 2+2?"]))
-    a = read_prompts(_jsonl(tmp_path / "alpaca.jsonl", ["Say hi."]))
+    g = answer_prompts(_jsonl(tmp_path / "gsm8k_train.jsonl", ["What is 2+2?"]))
+    a = answer_prompts(_jsonl(tmp_path / "alpaca.jsonl", ["Say hi."]))
     assert g == [{"id": "gsm8k_train:0", "prompt": "What is 2+2?" + GSM8K_SUFFIX}]
     assert a[0]["prompt"] == "Say hi."
 
 
 def test_refuses_prompts_found_in_an_eval_file(tmp_path):
-    train = read_prompts(_jsonl(tmp_path / "gsm8k_train.jsonl", ["What is 2+2?", "What is 3+3?"]))
+    train = answer_prompts(_jsonl(tmp_path / "gsm8k_train.jsonl", ["What is 2+2?", "What is 3+3?"]))
     ev = _jsonl(tmp_path / "gsm8k.jsonl", ["What is  3+3?" + GSM8K_SUFFIX])  # whitespace/suffix-insensitive
     with pytest.raises(ValueError, match="evaluation"):
         check_excluded(train, [ev])
@@ -70,7 +70,7 @@ def test_resume_after_a_write_cut_mid_line_loses_only_that_answer(tmp_path):
 def test_plan_copies_holdout_and_shuffle(tmp_path):
     src = _jsonl(tmp_path / "mbpp_train.jsonl", [f"Write f{i}." for i in range(60)])
     jobs = plan([f"{src}:3"], seed=1, temperature=0.7)
-    kept = [p for p in read_prompts(src) if not is_holdout(p["id"])]
+    kept = [p for p in answer_prompts(src) if not is_holdout(p["id"])]
     assert 0 < len(kept) < 60  # some prompts are held out for calibration
     assert len(jobs) == 3 * len(kept)
     assert {k for k, _, _ in jobs} == {f"{p['id']}#{i}" for p in kept for i in range(3)}
