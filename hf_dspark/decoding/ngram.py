@@ -5,7 +5,7 @@ When the last `n` committed tokens (n = max_ngram..min_ngram, longest first) occ
 followed their latest earlier occurrence are a free draft: no drafter pass, and on a CPU whose step-time curve is
 flat (research/record/benchmarks.md) verifying 7 of them costs little more than one plain step.
 
-Differences from transformers' `prompt_lookup_num_tokens`, chosen by replaying the AMD EPYC benchmark outputs
+Differences from transformers' `prompt_lookup_num_tokens`, chosen by replaying benchmark outputs
 (research/record/benchmarks.md, "hybrid"): the latest earlier occurrence, not the first (recent text predicts better);
 n-grams of 2-4 tokens (single-token matches paid less than they cost); and an index updated with each round's
 new tokens instead of a scan of the whole sequence.

@@ -166,7 +166,7 @@ class DraftGate:
     (weight `weight` on the newest; a skipped round is no observation and changes nothing) of the accepted drafts
     and of that cost, and drafts while (1 + A)·T(1) > C. Skipped rounds do not age the history: when one probe
     counted alone, a single lucky draw reopened the gate, and at temperature 1, where whether a draft survives is a
-    coin flip, a drafter below break-even was drafting a third of the rounds (bf16 on a Zen 3: 0.93× plain). When it stops drafting it probes again
+    coin flip, a drafter below break-even was drafting a third of the rounds and ran slower than plain. When it stops drafting it probes again
     after 1, 2, 4, ... skipped rounds: the wait doubles after each probe that does not pay, until a probe's loss
     (C - (1 + A)·T(1): what the drafted round cost beyond plain steps for the same tokens) spread over the wait
     is at most `budget` (default 1 %) of a plain step, and resets after a probe that pays. So a drafter that has
@@ -181,7 +181,7 @@ class DraftGate:
     token counts and the profile's fixed costs, never a clock, so a seeded run makes the same decisions again.
     """
 
-    PRIOR_PROBES = 3  # a prior counts as this many failed probes: waits 1 → 8 (Zen 3 bf16 T = 1: 2.8 % → 1.1 % lost)
+    PRIOR_PROBES = 3  # a prior that does not pay counts as this many failed probes: the wait starts at 8, not 1
 
     def __init__(self, step_time: Sequence[float], draft_time: float, weight: float = 0.25, budget: float = 0.01,
                  prior: tuple[float, int] | None = None):

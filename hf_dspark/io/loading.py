@@ -41,7 +41,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 def auto_dtype(device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
     """(dtype, why) for `device`: bfloat16 only where it is native — a CPU with avx512_bf16 or AMX, a CUDA GPU
     that supports bf16 — since elsewhere bf16 matmuls are emulated and a multi-token verification costs several
-    times a one-token step (2.7-3.1x for 8 tokens on a Zen 3 EPYC); float32 otherwise."""
+    times a one-token step; float32 otherwise."""
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -66,9 +66,8 @@ def decode_dtype(model: str | Path, device: str | torch.device = "cpu") -> tuple
     thread count and torch (cached beside the device profiles), and bf16 if it serves REFERENCE_REQUEST (a 256-token
     prefill, then 256 one-token steps) in at most BF16_MARGIN of float32's time. Decoding one token reads every
     weight once, so halving the bytes can win where bf16 matmuls are emulated, while a prefill is compute-bound and
-    loses there: on a Zen 3 EPYC without AVX-512 a SmolLM2 step took 49 ms in bf16 against 69 in float32 and the
-    256-token prefill 4.2 s against 0.84, so the reference request came out only 9.7 % faster in bf16 and float32
-    stayed (research/record/benchmarks.md). Batched work (answer generation, training) is
+    loses there; on a CPU without native bf16 the two can nearly cancel, and then float32 stays (measured cases:
+    research/record/benchmarks.md). Batched work (answer generation, training) is
     compute-bound and keeps `auto_dtype`'s ISA rule. Off the CPU: `auto_dtype`."""
     device = torch.device(device)
     if device.type != "cpu":
