@@ -80,7 +80,7 @@ class StaticVerifier:
         self.cache.crop(-(padded(fed) - kept))
 
 
-CACHE_STEP = 256  # a static cache's length is rounded up to this: calls of similar lengths share one cache
+CACHE_STEP = 512  # a static cache's length is rounded up to this: calls of similar lengths share one cache
 
 
 def _static_cache(model, length: int) -> StaticCache:
