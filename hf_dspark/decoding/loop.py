@@ -15,9 +15,14 @@ A padded row sees only earlier positions (causal), so rows 0..ℓ are the logits
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import StaticCache
 from transformers.generation.utils import _speculative_sampling
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 LENGTHS = (1, 2, 4, 8, 16, 32, 64)  # verification forwards are padded up to one of these; γ + 1 ≤ 64
 _ALLOWED_KWARGS = {"assistant_model", "synced_gpus", "attention_mask", "position_ids", "logits_to_keep", "cache",
@@ -54,10 +59,30 @@ class StaticVerifier:
     (`compiled`: the multi-token verification forwards only; a one-token step runs eagerly, where compiling did not
     pay on the CPUs measured, docs/benchmarks.md)."""
 
-    def __init__(self, model, max_len: int, hidden_states, compiled: bool = False):
+    def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1):
+        """longest: the most tokens a verification may take (γ + 1); compiled, every length up to it is compiled
+        here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
+        later process mostly reloads them)."""
         self.model, self.hidden_states = model, hidden_states
         self.cache = _static_cache(model, max_len)
         self.forward = _compiled_forward(model) if compiled else model.forward
+        if compiled:
+            self._compile_lengths(longest)
+
+    def _compile_lengths(self, longest: int) -> None:
+        done = self.model.__dict__.setdefault("_dspark_compiled_lengths", set())
+        todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache)) not in done]
+        if not todo:
+            return
+        logger.warning(f"DSpark: compiling the target's verification forward for {todo} tokens (once per "
+                       "process; on a new machine ~30 s each on a CPU, later runs reload torch's cached kernels)")
+        t0 = time.perf_counter()
+        for L in todo:
+            tokens = torch.zeros((1, L), dtype=torch.long, device=self.model.device)
+            self.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+            self.cache.reset()
+            done.add((L, id(self.cache)))
+        logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
 
     def prefill(self, input_ids: torch.Tensor):
         out = self.model(input_ids, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
@@ -114,7 +139,8 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
     eos = getattr(generation_config, "_eos_token_tensor", None)
     # room for the longest padded verification past the last position a draft may take
     room = generation_config.max_length + padded(candidate.block_size + 1)
-    verifier = StaticVerifier(model, room, candidate.model_kwargs_overrides["output_hidden_states"], compiled)
+    verifier = StaticVerifier(model, room, candidate.model_kwargs_overrides["output_hidden_states"], compiled,
+                              longest=candidate.block_size + 1)
     # the prefill: transformers' first assisted round (no candidates; the first token drawn from the last row)
     candidate.get_candidates(input_ids, is_first_iteration=True)
     out = verifier.prefill(input_ids)
