@@ -63,13 +63,14 @@ class StaticVerifier:
         """longest: the most tokens a verification may take (γ + 1); compiled, every length up to it is compiled
         here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
         later process mostly reloads them)."""
-        self.model, self.hidden_states = model, hidden_states
+        self.model, self.hidden_states, self.longest = model, hidden_states, longest
         self.cache = _static_cache(model, max_len)
         self.forward = _compiled_forward(model) if compiled else model.forward
-        if compiled:
-            self._compile_lengths(longest)
+        self.compiled = compiled
 
     def _compile_lengths(self, longest: int) -> None:
+        """Run each length once on the filled cache (a graph traced on an empty one would be traced again) and roll
+        it back."""
         done = self.model.__dict__.setdefault("_dspark_compiled_lengths", set())
         todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache)) not in done]
         if not todo:
@@ -80,7 +81,7 @@ class StaticVerifier:
         for L in todo:
             tokens = torch.zeros((1, L), dtype=torch.long, device=self.model.device)
             self.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
-            self.cache.reset()
+            self.cache.crop(-L)
             done.add((L, id(self.cache)))
         logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
 
@@ -89,6 +90,8 @@ class StaticVerifier:
         if not self.cache.is_croppable:
             raise NotImplementedError("this target's static cache cannot be rolled back (a sliding window shorter "
                                       "than the request)")
+        if self.compiled:
+            self._compile_lengths(self.longest)
         return out
 
     def verify(self, tokens: torch.Tensor):
