@@ -129,9 +129,9 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
                             label="fold rejected drafts away (read the answer as text)")
                 answer = gr.HTML(view.legend_html(), elem_id="answer")
                 stats = gr.HTML("", elem_id="stats")
-                race = gr.HTML("", elem_id="race")
+                race_line = gr.HTML("", elem_id="race")
         controls = [prompt, max_new, temperature, top_p, block, scheduler, head, ngram]
-        outputs = [answer, stats, race]
+        outputs = [answer, stats, race_line]
         # One shared concurrency group: generate and race never run at once, so no stream sees another's state.
         for trigger, fn in ((go.click, on_generate), (prompt.submit, on_generate), (race_btn.click, on_race)):
             trigger(fn, controls, outputs, concurrency_limit=1, concurrency_id="model")

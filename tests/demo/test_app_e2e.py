@@ -65,10 +65,13 @@ def test_generate_streams_coloured_tokens_and_stats(page, tmp_path):
 def test_rejected_drafts_fold_away(page):
     """Verify-all (scheduler off) on the tiny drafter rejects drafts; the fold box hides them, at once and in the
     answer already shown, leaving the committed tokens; unfolding shows them again."""
-    page.locator("#prompt textarea").fill("The target verifies the block in one pass.")
+    prompt = "The target verifies the block in one pass."
+    page.locator("#prompt textarea").fill(prompt)
     page.locator("#scheduler input[type=checkbox]").uncheck()
     page.locator("#ngram input[type=checkbox]").uncheck()
     page.locator("#generate-btn").click()
+    # the previous test's answer is still on the page, done: wait for this prompt's answer to be the one shown
+    page.locator("#answer .prompt", has_text=prompt).wait_for(timeout=60_000)
     page.locator("#answer .stream-done").wait_for(timeout=180_000)
     discarded = page.locator("#answer .tokens .tok-rejected, #answer .tokens .tok-trimmed")
     committed = page.locator("#answer .tokens .tok-accepted, #answer .tokens .tok-target")
