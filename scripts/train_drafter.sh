@@ -23,6 +23,6 @@ mkdir -p "$(dirname "$RUN")"
 OMP_NUM_THREADS=1 nohup "$PY" -m hf_dspark.cli train data/answers -o "$RUN" --head "$HEAD_TYPE" \
   --num-layers 2 --taps 1 14 27 --markov-rank 64 --block-size 7 --mask-token-id 16 \
   --batch-size 8 --num-anchors 64 --max-steps "$STEPS" --lr "$LR" --draft-vocab 8192 --dtype auto \
-  --val-size 64 --eval-every 100 --save-every 100 --seed 0 --threads 1 --cache-dir "$FEATURES" --max-shard-size 45MB \
+  --val-size 32 --eval-every 100 --save-every 100 --seed 0 --threads 1 --cache-dir "$FEATURES" --max-shard-size 45MB \
   ${SAME_DATA_AS:+--same-data-as "$SAME_DATA_AS"} ${INIT_FROM:+--init-from "$INIT_FROM"} --time-limit "$MINUTES" >> "$RUN.log" 2>&1 &
 echo "training running as pid $! (tail -f $RUN.log)"

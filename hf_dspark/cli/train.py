@@ -32,7 +32,8 @@ def add_parser(subparsers) -> None:
                         "the rest: cosine from the current learning rate to 0 at the new total")
     p.add_argument("--max-length", type=common.positive, default=512, help="tokens per training sequence")
     p.add_argument("--val-size", type=common.non_negative, default=32,
-                   help="validation answers (the first in the stream; their prompts are never trained on)")
+                   help="validation answers per source, i.e. per prompt file (the first of each in the stream; their prompts are "
+                        "never trained on); τ is reported per source and pooled")
     p.add_argument("--eval-every", type=common.non_negative, default=50, help="steps between validations (0: none)")
     p.add_argument("--save-every", type=common.non_negative, default=100, help="steps between checkpoints (0: end)")
     p.add_argument("--cache-dir", default=None, help="cache target features on disk (for several epochs)")

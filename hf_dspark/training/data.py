@@ -103,6 +103,11 @@ def prompt_of(answer_id: str) -> str:
     return answer_id.split("#", 1)[0]
 
 
+def source_of(answer_id: str) -> str:
+    """`"gsm8k_train:12#3"` → `"gsm8k_train"` (the prompt file an answer came from)."""
+    return prompt_of(answer_id).rsplit(":", 1)[0]
+
+
 def parse_source(spec: str) -> tuple[str, int]:
     """`"path.jsonl:4"` → ("path.jsonl", 4) answers per prompt; a bare path means 1."""
     path, sep, n = spec.rpartition(":")

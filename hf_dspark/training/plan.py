@@ -14,7 +14,7 @@ from transformers.utils import logging
 from ..model.files import weight_files
 from ..model.initialisation import differences
 from . import checkpoint
-from .data import prompt_of, read_answers
+from .data import prompt_of, read_answers, source_of
 
 logger = logging.get_logger(__name__)
 
@@ -33,11 +33,18 @@ def load_records(path: str | Path, max_length: int = 512, min_response: int = 2)
 
 
 def split(records: list[dict], val_size: int) -> tuple[list[dict], list[dict]]:
-    """Validation = the first `val_size` records in stream order; training = every record whose prompt is not
-    one of theirs (all answers to a prompt on one side). A stream that only grows keeps the same split."""
-    val = records[:val_size]
+    """Validation = the first `val_size` records of each source (prompt file) in stream order, so that τ can be
+    read per source; training = every record whose prompt is not one of theirs (all answers to a prompt on one
+    side). A stream that only grows keeps the same split."""
+    seen: dict[str, int] = {}
+    val = []
+    for r in records:
+        source = source_of(r["id"])
+        if seen.get(source, 0) < val_size:
+            seen[source] = seen.get(source, 0) + 1
+            val.append(r)
     held = {prompt_of(r["id"]) for r in val}
-    return [r for r in records[val_size:] if prompt_of(r["id"]) not in held], val
+    return [r for r in records if prompt_of(r["id"]) not in held], val
 
 
 class DataPlan:

@@ -22,7 +22,7 @@ from ..decoding.assistant import DSparkDrafter
 from ..model.initialisation import differences, init_from, warm_start
 from . import checkpoint, metrics
 from .anchors import sample_blocks
-from .data import eos_ids
+from .data import eos_ids, source_of
 from .features import FeatureSource, base_model
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
@@ -320,7 +320,10 @@ def _log(run: _Run, rec: dict, bar) -> None:
     show = {k: f"{v:.3f}" for k, v in rec.items() if k in ("loss", "ce", "l1", "conf", "tau_t1", "tau_greedy")}
     bar.set_postfix(show)
     if "tau_t1" in rec:
-        bar.write(f"step {rec['step']}: simulated τ (T=1) {rec['tau_t1']:.3f}, τ (greedy) {rec['tau_greedy']:.3f}")
+        per_source = "".join(f"; {k.split('/', 1)[1]} {v:.2f}/{rec['tau_greedy/' + k.split('/', 1)[1]]:.2f}"
+                             for k, v in rec.items() if k.startswith("tau_t1/"))
+        bar.write(f"step {rec['step']}: simulated τ (T=1) {rec['tau_t1']:.3f}, τ (greedy) {rec['tau_greedy']:.3f}"
+                  + (f" (per source, T=1/greedy{per_source})" if per_source else ""))
 
 
 def _save(run: _Run, step: int) -> None:
@@ -334,20 +337,32 @@ def _save(run: _Run, step: int) -> None:
 @torch.no_grad()
 def evaluate(objective: DraftObjective, feats: FeatureSource, val_recs: list[dict], cfg: TrainConfig, pad_id: int,
              batch_size: int = 8) -> dict:
-    """Simulated τ (temperature 1 and greedy) on the validation split, anchors fixed by the seed."""
+    """Simulated τ (temperature 1 and greedy) on the validation split, anchors fixed by the seed: pooled
+    ("tau_t1", "tau_greedy", "val_blocks") and, when the split holds several sources, per source
+    ("tau_t1/<source>", ...)."""
     if not val_recs:
         return {}
     objective.eval()
-    collected: dict[str, list] = {}
-    for i in range(0, len(val_recs), batch_size):
-        f, last, blocks = _inputs(val_recs[i : i + batch_size], pad_id, next(objective.parameters()).device, feats,
-                                  cfg, objective.drafter.config.mask_token_id, -1)
-        terms = objective(f, last, blocks)
-        for k in ("valid", "conf_label", "draft_top", "target_top"):
-            collected.setdefault(k, []).append(terms[k])
+    by_source: dict[str, dict[str, list]] = {}
+    for source in dict.fromkeys(source_of(r["id"]) for r in val_recs):  # stream order
+        recs = [r for r in val_recs if source_of(r["id"]) == source]
+        collected = by_source.setdefault(source, {})
+        for i in range(0, len(recs), batch_size):
+            f, last, blocks = _inputs(recs[i : i + batch_size], pad_id, next(objective.parameters()).device, feats,
+                                      cfg, objective.drafter.config.mask_token_id, -1)
+            terms = objective(f, last, blocks)
+            for k in ("valid", "conf_label", "draft_top", "target_top"):
+                collected.setdefault(k, []).append(terms[k])
     objective.train()
-    return {f"val_{k}" if k == "blocks" else k: v for k, v in
-            simulated_tau({k: torch.cat(v) for k, v in collected.items()}).items()}
+
+    def tau(parts: list[dict[str, list]]) -> dict:
+        return simulated_tau({k: torch.cat([t for p in parts for t in p[k]]) for k in parts[0]})
+
+    out = {f"val_{k}" if k == "blocks" else k: v for k, v in tau(list(by_source.values())).items()}
+    if len(by_source) > 1:
+        for source, collected in by_source.items():
+            out.update({f"{'val_blocks' if k == 'blocks' else k}/{source}": v for k, v in tau([collected]).items()})
+    return out
 
 
 def validation_tau(drafter: DSparkDrafter, records: list[dict], cfg: TrainConfig) -> dict:

@@ -15,6 +15,17 @@ def test_split_of_a_growing_stream_is_stable():
     assert train_b[: len(train_a)] == train_a  # the old training stream is a prefix of the new one
 
 
+def test_split_holds_out_the_first_answers_of_each_source():
+    from hf_dspark.training.plan import split
+
+    recs = [{"id": f"{src}:{i}#0", "ids": [1, 2, 3], "n_prompt": 1} for i in range(6) for src in ("math", "chat")]
+    recs += [{"id": "late:0#0", "ids": [1, 2], "n_prompt": 1}]  # a source that joined the stream later
+    train, val = split(recs, 2)
+    assert [r["id"] for r in val] == ["math:0#0", "chat:0#0", "math:1#0", "chat:1#0", "late:0#0"]
+    assert [r["id"] for r in train] == [f"{src}:{i}#0" for i in range(2, 6) for src in ("math", "chat")]
+    assert split(recs[:7], 2)[1] == val[:4]  # the split of a shorter stream is a prefix, per source
+
+
 def test_data_plan_epochs_take_in_the_grown_stream_and_refuse_a_rewritten_one():
     from hf_dspark.training.plan import DataPlan
 

@@ -47,6 +47,22 @@ def test_tiny_training_raises_simulated_tau(tmp_path):
     assert out.shape[1] == 18
 
 
+def test_validation_reports_tau_per_source_and_pooled(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 24)
+    for i, r in enumerate(recs):
+        r["id"] = f"{'math' if i % 3 else 'chat'}:{i}#0"
+    cfg = TrainConfig(data="", output_dir=str(tmp_path / "run"), num_layers=1, markov_rank=16, batch_size=4,
+                      num_anchors=8, max_steps=2, val_size=3, eval_every=2, save_every=2)
+    rec = train(cfg, target=t, records=recs)["final_val"]
+    assert rec["val_blocks/math"] + rec["val_blocks/chat"] == rec["val_blocks"] > 0
+    for law in ("tau_t1", "tau_greedy"):
+        lo, hi = sorted((rec[f"{law}/math"], rec[f"{law}/chat"]))
+        assert lo - 1e-6 <= rec[law] <= hi + 1e-6  # pooled τ is a blocks-weighted mean of the sources'
+
+
 def test_resume_continues_from_saved_step(tmp_path):
     from hf_dspark.training.trainer import TrainConfig, train
 
