@@ -15,6 +15,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cache-len", type=common.positive, default=256, help="KV-cache length the forwards run on")
     p.add_argument("--warmup", type=common.non_negative, default=5, help="untimed forwards per length")
     p.add_argument("--repeats", type=common.positive, default=20, help="timed forwards per length (median kept)")
+    p.add_argument("--loop", choices=("assisted", "static", "compiled"), default="assisted",
+                   help="the decoding loop to measure (DecodingOptions.loop): each has its own profile")
     p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
     common.add_output(p, "also write the profile JSON here")
     p.set_defaults(func=cmd_profile)
@@ -26,13 +28,15 @@ def cmd_profile(args) -> int:
 
     common.set_threads(args)
     model, _, drafter, _ = load_target_and_drafter(args.target, args.drafter, args.dtype, common.device(args))
-    path = profile_path(profile_key(model, drafter))
-    cached = load_profile(path, expect=profile_key(model, drafter)) if path.exists() and not args.force else None
+    key = profile_key(model, drafter, args.loop)
+    path = profile_path(key)
+    cached = load_profile(path, expect=key) if path.exists() and not args.force else None
     if cached is not None:
         profile = cached
         print(f"cached profile {path} (use --force to re-measure)")
     else:
-        profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats)
+        profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats,
+                                  loop=args.loop)
         profile.save(path)
         print(f"saved {path}")
     if args.output:

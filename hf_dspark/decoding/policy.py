@@ -61,9 +61,11 @@ from .scheduler import (
 class VerifyPolicy:
     """The policy of one generate() call, resolved once (profile loaded or measured up front, not mid-decode)."""
 
-    def __init__(self, spec, drafter, target, temperature: float | None = None, device_profile=None):
+    def __init__(self, spec, drafter, target, temperature: float | None = None, device_profile=None,
+                 loop: str = "assisted"):
         """temperature: the call's sampling temperature, 0 for greedy, None if unknown (no gate prior);
-        device_profile: the DeviceProfile to use (None: the cached one for this target/device, measured once)."""
+        device_profile: the DeviceProfile to use (None: the cached one for this target/device and the decoding
+        `loop` that runs the call, measured once)."""
         self.spec, self.drafter = spec, drafter
         self.profile = None
         self.needs_confidence = False
@@ -83,7 +85,7 @@ class VerifyPolicy:
             t = float(spec[1])
             self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
         elif isinstance(spec, str) and spec in ("scheduler", "auto"):
-            self.profile = _profile_for(drafter, target, device_profile)
+            self.profile = _profile_for(drafter, target, device_profile, loop)
             overhead = self.profile.round_overhead
             reach = max_verified(self.profile.verify_time, overhead)
             self.max_drafts = min(reach, self.max_drafts)
@@ -109,7 +111,7 @@ class VerifyPolicy:
     def for_call(cls, drafter, target, options=None, temperature: float | None = None) -> "VerifyPolicy":
         """The policy of a call with these DecodingOptions (default: the drafter's `options`)."""
         options = drafter.options if options is None else options
-        return cls(options.verify_policy, drafter, target, temperature, options.device_profile)
+        return cls(options.verify_policy, drafter, target, temperature, options.device_profile, options.loop)
 
     def _carried_gate(self, target, temperature: float | None) -> DraftGate | None:
         """Greedy calls share one DraftGate per (drafter, target, policy, profile): a call starts with the averages
@@ -177,10 +179,10 @@ class VerifyPolicy:
 _GREEDY_GATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _profile_for(drafter, target, profile):
+def _profile_for(drafter, target, profile, loop: str):
     if profile is None:
-        return get_profile(target, drafter, measure=True)
-    key = profile_key(target, drafter)
+        return get_profile(target, drafter, measure=True, loop=loop)
+    key = profile_key(target, drafter, loop)
     if profile.key != key:
         raise ProfileMismatchError(
             f"drafter.device_profile was measured for {profile.key}, but this generate runs {key}; "

@@ -1,8 +1,11 @@
 """DeviceProfile: what one round costs on this device, measured, for the scheduler.
 
-A profile holds, for one (target, drafter shape, dtype, device, torch) combination:
+A profile holds, for one (target, drafter shape, dtype, device, torch, loop) combination:
   verify_time [γ+1]  median seconds of a target verification forward of 1..γ+1 new tokens on a KV cache of
-                     realistic length, with the tapped hidden states requested as in decoding;
+                     realistic length, with the tapped hidden states requested as in decoding, on the loop that
+                     decodes: transformers' assisted loop (a DynamicCache, eager) or DSpark's own (loop.py: a static
+                     cache, forwards padded to its fixed lengths, eager or compiled), so the curve is the one the
+                     scheduler pays for;
   draft_time         median seconds of one drafter round (context ingest + backbone + sequential head) as the
                      scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
   rollback_time      median seconds of cropping the target cache back after a verification.
@@ -29,6 +32,7 @@ from transformers import DynamicCache
 from transformers.utils import logging
 
 from ..storage import storage_dir
+from .loop import StaticVerifier
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -45,6 +49,7 @@ class ProfileKey:
     dtype: str
     device: str  # device_name(): CPU model, vendor/family/model, ISA flags, threads; or the GPU name
     torch: str
+    loop: str = "assisted"  # the decoding loop measured (DecodingOptions.loop): "assisted", "static" or "compiled"
 
     def slug(self) -> str:
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.model).name or "model")[:40]
@@ -175,9 +180,10 @@ def make_key(config, device: torch.device | str, dtype: str, drafter_config=None
                       torch=torch.__version__)
 
 
-def profile_key(target, drafter) -> ProfileKey:
-    """The key of `target` verified with `drafter` on the target's device and dtype."""
-    return make_key(target.config, target.device, str(target.dtype).removeprefix("torch."), drafter.config)
+def profile_key(target, drafter, loop: str = "assisted") -> ProfileKey:
+    """The key of `target` verified with `drafter` on the target's device and dtype, on decoding loop `loop`."""
+    key = make_key(target.config, target.device, str(target.dtype).removeprefix("torch."), drafter.config)
+    return dataclasses.replace(key, loop=loop)
 
 
 def profile_path(key: ProfileKey, kind: str = "") -> Path:
@@ -201,18 +207,19 @@ def load_profile(path: str | Path, expect: ProfileKey | None = None) -> DevicePr
     return profile
 
 
-def get_profile(target, drafter, measure: bool = True, **measure_kwargs) -> DeviceProfile:
-    """The cached profile for this target/drafter/device/dtype/torch; if there is none, measure and cache one
-    (`measure=True`, a few seconds on CPU) or raise FileNotFoundError. Never returns another setup's profile."""
-    key = profile_key(target, drafter)
+def get_profile(target, drafter, measure: bool = True, loop: str = "assisted", **measure_kwargs) -> DeviceProfile:
+    """The cached profile for this target/drafter/device/dtype/torch on decoding loop `loop`; if there is none,
+    measure and cache one (`measure=True`, a few seconds on CPU; the compiled loop compiles first) or raise
+    FileNotFoundError. Never returns another setup's profile."""
+    key = profile_key(target, drafter, loop)
     path = profile_path(key)
     if path.exists():
         return load_profile(path, expect=key)
     if not measure:
-        raise FileNotFoundError(f"no device profile for {key} at {path}; run `hf-dspark profile`")
+        raise FileNotFoundError(f"no device profile for {key} at {path}; run `hf-dspark profile --loop {loop}`")
     logging.get_logger(__name__).warning("No device profile for %s on %s yet: measuring one (once)", key.model,
                                          key.device)
-    profile = measure_profile(target, drafter, **measure_kwargs)
+    profile = measure_profile(target, drafter, loop=loop, **measure_kwargs)
     profile.save(path)
     return profile
 
@@ -232,14 +239,15 @@ class _Clock:
 
 @torch.no_grad()
 def measure_profile(target, drafter, cache_len: int = 256, warmup: int = 3, repeats: int = 10,
-                    seed: int = 0) -> DeviceProfile:
-    """Time a verification forward of 1..γ+1 tokens on a `cache_len`-token DynamicCache (lengths interleaved in
-    random order, `warmup` untimed passes, medians over `repeats`), the drafter's round and the cache roll-back.
+                    seed: int = 0, loop: str = "assisted") -> DeviceProfile:
+    """Time a verification forward of 1..γ+1 tokens on a `cache_len`-token cache of decoding loop `loop` (lengths
+    interleaved in random order, `warmup` untimed passes, medians over `repeats`), the drafter's round and the cache
+    roll-back.
     Runs on the target's device and dtype; token ids are random (costs do not depend on them). The global RNG is
     left untouched, so measuring on first use inside a seeded generate() does not change its samples."""
     devices = [target.device] if target.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return _measure(target, drafter, cache_len, warmup, repeats, seed)
+        return _measure(target, drafter, cache_len, warmup, repeats, seed, loop)
 
 
 @dataclass
@@ -253,34 +261,45 @@ class ForwardTimes:
 
 @torch.no_grad()
 def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeats: int = 10, seed: int = 0,
-                  taps: list[int] | None = None) -> ForwardTimes:
-    """Time the target as decoding runs it: one untimed short forward (one-time allocations and kernel choice),
-    a timed `cache_len`-token prefill into a DynamicCache, then forwards of each k in `lengths` new tokens on that
-    cache (lengths in random order each repeat, `warmup` untimed repeats), each rolled back with cache.crop.
-    `taps`: hidden states requested as verification requests them. Token ids are random (costs do not depend on
-    them) from a seeded generator: the global RNG is not used."""
+                  taps: list[int] | None = None, loop: str = "assisted") -> ForwardTimes:
+    """Time the target as decoding loop `loop` runs it: one untimed short forward (one-time allocations and kernel
+    choice), a timed `cache_len`-token prefill, then forwards of each k in `lengths` new tokens on that cache
+    (lengths in random order each repeat, `warmup` untimed repeats), each rolled back. "assisted": a DynamicCache
+    cropped as transformers' assisted loop crops it; "static"/"compiled": loop.StaticVerifier, its forwards padded
+    to loop.LENGTHS (compiled: each length compiled after the prefill, before timing). `taps`: hidden states
+    requested as verification requests them. Token ids are random (costs do not depend on them) from a seeded
+    generator: the global RNG is not used."""
     clock = _Clock(target.device)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     vocab = target.config.get_text_config().vocab_size
     ids = lambda n: torch.randint(0, vocab, (1, n), generator=gen).to(target.device)  # noqa: E731
     target(ids(max(1, cache_len // 4)), use_cache=True)
-    cache = DynamicCache(config=target.config)
-    # as transformers' assisted loop does: sliding-window layers keep their past so crop can roll back past the window
-    cache.activate_past_recording()
-    t0 = clock.now()
-    target(ids(cache_len), cache=cache, use_cache=True)
-    prefill = clock.now() - t0
-    times = ForwardTimes(prefill=prefill, forward={k: [] for k in lengths}, rollback=[])
     extra = {"output_hidden_states": taps} if taps else {}
+    if loop == "assisted":
+        cache = DynamicCache(config=target.config)
+        # as transformers' assisted loop does: sliding-window layers keep their past so crop can roll back past the
+        # window
+        cache.activate_past_recording()
+        prefill = forward = lambda tokens: target(tokens, cache=cache, use_cache=True, **extra)  # noqa: E731
+        rollback = lambda k: cache.crop(-k)  # noqa: E731 -- crop takes the number of tokens to remove, negated
+    else:
+        verifier = StaticVerifier(target, cache_len + 2 * max(lengths), taps or None, compiled=loop == "compiled",
+                                  longest=max(lengths))
+        cache, prefill, forward = verifier.cache, verifier.prefill, verifier.verify
+        rollback = lambda k: verifier.keep(k, 0)  # noqa: E731
+    t0 = clock.now()
+    prefill(ids(cache_len))
+    prefill_time = clock.now() - t0
+    times = ForwardTimes(prefill=prefill_time, forward={k: [] for k in lengths}, rollback=[])
     for rep in range(warmup + repeats):
         order = list(lengths)
         rng.shuffle(order)
         for k in order:
             t0 = clock.now()
-            target(ids(k), cache=cache, use_cache=True, **extra)
+            forward(ids(k))
             t1 = clock.now()
-            cache.crop(-k)  # transformers' crop takes the number of tokens to remove, negated
+            rollback(k)
             t2 = clock.now()
             assert cache.get_seq_length() == cache_len, "cache roll-back did not restore the length"
             if rep >= warmup:
@@ -289,7 +308,7 @@ def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeat
     return times
 
 
-def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile:
+def _measure(target, drafter, cache_len, warmup, repeats, seed, loop) -> DeviceProfile:
     gamma = drafter.config.block_size
     clock = _Clock(target.device)
     gen = torch.Generator().manual_seed(seed + 1)  # the drafter's inputs
@@ -297,7 +316,7 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile
     if max_pos is not None:
         cache_len = max(1, min(cache_len, max_pos - gamma - 2))
     taps = [i + 1 for i in drafter.config.target_layer_ids]
-    timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps)
+    timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps, loop=loop)
     verify, rollback = timed.forward, timed.rollback
 
     verify_time = [statistics.median(verify[k]) for k in verify]
@@ -310,7 +329,7 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed) -> DeviceProfile
         draft = _time_drafter(drafter, n, cache_len, warmup, repeats, gen, clock)
     q = lambda xs, p: statistics.quantiles(xs, n=4)[p] if len(xs) > 1 else xs[0]  # noqa: E731
     return DeviceProfile(
-        key=profile_key(target, drafter),
+        key=profile_key(target, drafter, loop),
         verify_time=verify_time,
         draft_time=draft,
         rollback_time=rollback_time,
@@ -361,7 +380,7 @@ def format_profile(profile: DeviceProfile) -> str:
     be = break_even_survival(profile)
     o = profile.round_overhead
     lines = [
-        f"DSpark device profile: {k.model} [{k.dtype}] on {k.device}, torch {k.torch}",
+        f"DSpark device profile: {k.model} [{k.dtype}] on {k.device}, torch {k.torch}, {k.loop} loop",
         f"  cache {profile.cache_len} tokens; medians of {profile.repeats} after {profile.warmup} warm-up; "
         f"drafter {profile.draft_time * 1e3:.2f} ms/round ({profile.draft_tokens} drafts), "
         f"cache roll-back {profile.rollback_time * 1e3:.3f} ms",

@@ -11,6 +11,8 @@ internals differ. Stop strings and custom stopping criteria are made exact here 
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 from contextvars import ContextVar
 
@@ -146,8 +148,14 @@ class DSparkGenerationMixin:
             if why is not None:
                 logger.warning_once(f"DSpark's {options.loop} loop does not take {why}: this call runs on "
                                     "transformers' assisted loop (same output, its speed)")
-            out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config, *args,
-                                             **kwargs)
+            # the candidate generator transformers builds reads the call's options: the loop that runs, for its
+            # profile
+            token = _CALL_OPTIONS.set(dataclasses.replace(options, loop="assisted"))
+            try:
+                out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config,
+                                                 *args, **kwargs)
+            finally:
+                _CALL_OPTIONS.reset(token)
         else:
             candidate = DSparkCandidateGenerator(self, drafter, generation_config, logits_processor, options)
             out = loop.decode(self, input_ids, logits_processor, stopping_criteria, generation_config, candidate,

@@ -57,7 +57,7 @@ def test_timing_warms_up_after_the_profile_then_times_interleaved(folders, monke
     model, tok, drafter, _ = loading.load_target_and_drafter(str(target), str(drafter_dir), torch.float32, "cpu")
     log, cached = [], []
 
-    def get_profile(target, drafter, measure=True):  # measured on first use, then cached (as the real one)
+    def get_profile(target, drafter, measure=True, loop="assisted"):  # measured on first use, then cached (as the real one)
         if not cached:
             log.append("profile")
             cached.append(DeviceProfile(key=profile_key(target, drafter), verify_time=[1.0, 1.1, 1.2, 1.3, 1.4],

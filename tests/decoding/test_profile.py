@@ -69,6 +69,34 @@ def test_time_forwards_times_what_it_was_asked_on_a_restored_cache():
     assert timed.prefill > 0 and len(timed.rollback) == 8 and min(min(timed.forward.values())) > 0
 
 
+def test_time_forwards_on_the_static_loop_pads_and_restores_the_cache():
+    """DSpark's own loop is timed as it runs: its StaticVerifier, forwards padded to loop.LENGTHS, the cache's
+    position moved back after each."""
+    model = tiny_target()
+    timed = prof.time_forwards(model, [1, 3], cache_len=12, warmup=1, repeats=2, taps=[1], loop="static")
+    assert sorted(timed.forward) == [1, 3] and all(len(ts) == 2 for ts in timed.forward.values())
+    assert model._dspark_static_cache[0].get_seq_length() == 12  # the loop's own cache, rolled back
+
+
+def test_each_loop_has_its_profile_and_decoding_uses_the_one_that_runs(pair):
+    from hf_dspark import DecodingOptions
+
+    model, drafter = pair
+    static = get_profile(model, drafter, loop="static", cache_len=8, warmup=0, repeats=1)
+    assisted = get_profile(model, drafter, cache_len=8, warmup=0, repeats=1)
+    assert (static.key.loop, assisted.key.loop) == ("static", "assisted")
+    assert prof.profile_path(static.key) != prof.profile_path(assisted.key)
+    assert "static loop" in format_profile(static)
+    ids = torch.tensor([[1, 5, 9, 2]])
+    kw = dict(assistant_model=drafter, max_new_tokens=6, do_sample=False)
+    model.generate(ids, **kw, dspark_options=DecodingOptions(loop="static", device_profile=static))
+    with pytest.raises(ProfileMismatchError, match="loop"):  # a profile of the other loop is refused by name
+        model.generate(ids, **kw, dspark_options=DecodingOptions(loop="static", device_profile=assisted))
+    # a request the static loop does not take runs on the assisted loop, under the assisted loop's profile
+    model.generate(ids, **kw, return_dict_in_generate=True,
+                   dspark_options=DecodingOptions(loop="static", device_profile=assisted))
+
+
 def test_save_load_round_trip(pair, tmp_path):
     p = measure_profile(*pair, cache_len=8, warmup=0, repeats=1)
     path = p.save(tmp_path / "p.json")
@@ -111,7 +139,7 @@ def test_get_profile_measures_once_then_loads(pair, monkeypatch):
 
     def counting(*a, **k):
         calls.append(1)
-        return real(*a, cache_len=8, warmup=0, repeats=1)
+        return real(*a, **{**k, "cache_len": 8, "warmup": 0, "repeats": 1})
 
     monkeypatch.setattr(prof, "measure_profile", counting)
     first = get_profile(model, drafter)
