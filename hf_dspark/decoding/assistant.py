@@ -29,7 +29,7 @@ class DSparkDrafter(DSparkDraftModel):
     `model.generate(..., assistant_model=drafter)`.
 
     `drafter.options` (DecodingOptions) are its defaults, also reachable as `drafter.verify_policy`,
-    `drafter.ngram_drafts` and `drafter.device_profile`; after each `generate`, `drafter.last_stats` holds the
+    `drafter.ngram_drafts`, `drafter.device_profile` and `drafter.loop`; after each `generate`, `drafter.last_stats` holds the
     run's metrics (DSparkStats).
     """
 
@@ -47,6 +47,8 @@ class DSparkDrafter(DSparkDraftModel):
     device_profile = property(lambda self: self.options.device_profile,
                               lambda self, v: setattr(self.options, "device_profile", v),
                               doc="options.device_profile: the scheduler's DeviceProfile (None: cached/measured)")
+    loop = property(lambda self: self.options.loop, lambda self, v: setattr(self.options, "loop", v),
+                    doc='options.loop: the decoding loop, "assisted" (transformers\') or DSpark\'s "static"/"compiled"')
 
     def bind(self, target) -> DSparkDrafter:
         """Check that speculative decoding can be exact on `target` and that the pair fits, share its embedding,

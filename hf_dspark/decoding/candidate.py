@@ -58,7 +58,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.offset = 0
         self.unfused: list[torch.Tensor] = []  # tapped features [1, rows, m·d] of positions not in context_kv yet
         self.pending: dict | None = None
-        self.stats = DSparkStats(block_size=cfg.block_size)
+        self.stats = DSparkStats(block_size=cfg.block_size, loop=options.loop)
         self.temperature = (generation_config.temperature if generation_config.temperature is not None else 1.0) \
             if self.do_sample else 0.0
         self.policy = VerifyPolicy.for_call(drafter, target, options, self.temperature)  # resolved once per call

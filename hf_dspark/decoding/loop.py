@@ -34,8 +34,15 @@ def padded(n: int) -> int:
     return next(length for length in LENGTHS if length >= n)
 
 
-def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs: dict) -> str | None:
-    """None if this loop can run the request, else why it stays on transformers' assisted loop."""
+def room(generation_config, block_size: int) -> int:
+    """Cache positions a call needs: up to max_length, plus the longest padded verification past the last position
+    a draft may take."""
+    return generation_config.max_length + padded(block_size + 1)
+
+
+def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs: dict, block_size: int) -> str | None:
+    """None if this loop can run the request, else why it stays on transformers' assisted loop. The last check
+    allocates (or resets) the model's static cache, which the call then uses."""
     if generation_config.return_dict_in_generate:
         return "return_dict_in_generate=True"
     extra = sorted(k for k, v in model_kwargs.items() if k not in _ALLOWED_KWARGS and v is not None)
@@ -51,6 +58,9 @@ def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs:
         return "custom position_ids"
     if not getattr(model, "_can_compile_fullgraph", False):
         return f"{type(model).__name__} has no static-cache support in transformers"
+    if not _static_cache(model, room(generation_config, block_size)).is_croppable:
+        return (f"a static cache of {model._dspark_static_cache[2]} positions for {type(model).__name__}, which "
+                "cannot be rolled back (a sliding window shorter than it, or recurrent layers)")
     return None
 
 
@@ -87,9 +97,8 @@ class StaticVerifier:
 
     def prefill(self, input_ids: torch.Tensor):
         out = self.model(input_ids, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
-        if not self.cache.is_croppable:
-            raise NotImplementedError("this target's static cache cannot be rolled back (a sliding window shorter "
-                                      "than the request)")
+        if not self.cache.is_croppable:  # unsupported() sends such requests to the assisted loop; never reached
+            raise RuntimeError("this target's static cache cannot be rolled back")
         if self.compiled:
             self._compile_lengths(self.longest)
         return out
@@ -117,11 +126,12 @@ def _static_cache(model, length: int) -> StaticCache:
     check its tensors); a generate call is not thread-safe on one model anyway."""
     kept = model.__dict__.get("_dspark_static_cache")
     placed = (model.dtype, model.device)  # a cast or moved model needs a new cache
-    if kept is not None and kept[1] == placed and kept[0].layers[0].max_cache_len >= length:
+    if kept is not None and kept[1] == placed and kept[2] >= length:
         kept[0].reset()
         return kept[0]
-    cache = StaticCache(config=model.config, max_cache_len=-(-length // CACHE_STEP) * CACHE_STEP)
-    model.__dict__["_dspark_static_cache"] = (cache, placed)
+    size = -(-length // CACHE_STEP) * CACHE_STEP
+    cache = StaticCache(config=model.config, max_cache_len=size)
+    model.__dict__["_dspark_static_cache"] = (cache, placed, size)
     return cache
 
 
@@ -140,9 +150,7 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
     `candidate` is the call's DSparkCandidateGenerator; the rest are generate()'s own objects."""
     do_sample = bool(generation_config.do_sample)
     eos = getattr(generation_config, "_eos_token_tensor", None)
-    # room for the longest padded verification past the last position a draft may take
-    room = generation_config.max_length + padded(candidate.block_size + 1)
-    verifier = StaticVerifier(model, room, candidate.model_kwargs_overrides["output_hidden_states"], compiled,
+    verifier = StaticVerifier(model, room(generation_config, candidate.block_size), candidate.model_kwargs_overrides["output_hidden_states"], compiled,
                               longest=candidate.block_size + 1)
     # the prefill: transformers' first assisted round (no candidates; the first token drawn from the last row)
     candidate.get_candidates(input_ids, is_first_iteration=True)

@@ -2,7 +2,7 @@
 
 transformers keeps assistant options on the assistant, so `generate()` keeps its signature; the drafter
 also exposes each field as an attribute (`drafter.verify_policy = "scheduler"`, `drafter.ngram_drafts = True`,
-`drafter.device_profile = profile`). The command line's text forms are parsed here, once:
+`drafter.device_profile = profile`, `drafter.loop = "compiled"`). The command line's text forms are parsed here, once:
 
     DecodingOptions.parse("scheduler+ngram")  →  DecodingOptions(verify_policy="scheduler", ngram_drafts=True)
     DecodingOptions.parse("all")              →  DecodingOptions(verify_policy="all", ngram_drafts=False)

@@ -143,7 +143,8 @@ class DSparkGenerationMixin:
         options = _CALL_OPTIONS.get() or drafter.options
         if options.loop not in _LOOPS:
             raise ValueError(f"DecodingOptions.loop must be one of {_LOOPS}, got {options.loop!r}")
-        why = None if options.loop == "assisted" else loop.unsupported(self, input_ids, generation_config, kwargs)
+        why = None if options.loop == "assisted" else loop.unsupported(self, input_ids, generation_config, kwargs,
+                                                                      drafter.config.block_size)
         if options.loop == "assisted" or why is not None:
             if why is not None:
                 logger.warning_once(f"DSpark's {options.loop} loop does not take {why}: this call runs on "
@@ -156,6 +157,8 @@ class DSparkGenerationMixin:
                                                  *args, **kwargs)
             finally:
                 _CALL_OPTIONS.reset(token)
+            if why is not None and drafter.last_stats is not None:
+                drafter.last_stats.fallback = why
         else:
             candidate = DSparkCandidateGenerator(self, drafter, generation_config, logits_processor, options)
             out = loop.decode(self, input_ids, logits_processor, stopping_criteria, generation_config, candidate,

@@ -36,6 +36,8 @@ class Round:
 @dataclass
 class DSparkStats:
     block_size: int
+    loop: str = "assisted"  # the decoding loop that ran the call (DecodingOptions.loop, after any fallback)
+    fallback: str = ""  # why the loop asked for did not take the call (loop.unsupported), if it did not
     prompt_tokens: int = 0
     new_tokens: int = 0
     rounds: list[Round] = field(default_factory=list)

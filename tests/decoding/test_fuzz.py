@@ -1,6 +1,7 @@
 """Property-based losslessness: random targets × drafters × generate options (hypothesis, fixed seed in CI).
 
-Options include stateful logits processors (guidance, SynthID, a call counter). Greedy cases must equal plain
+Options include stateful logits processors (guidance, SynthID, a call counter) and the decoding loop (transformers'
+assisted loop or DSpark's static one). Greedy cases must equal plain
 `generate` token for token (drafts made partly right by the oracle so every
 acceptance length occurs). Sampled cases get fast checks: top-k=1 sampling must equal plain top-k=1 sampling, and
 every sampled token must have non-zero probability under the target's processed distribution.
@@ -50,7 +51,8 @@ def cases(draw):
     prompt = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=12))
     return dict(family=family, layers=layers, vocab=vocab, heads=heads, kv=kv, drafter=drafter, eos=eos,
                 gen=gen, policy=policy, prune=prune, prompt=prompt, p_right=draw(st.sampled_from([0.3, 0.7, 0.95])),
-                seed=draw(st.integers(0, 3)), ngram=draw(st.booleans()), stateful=stateful)
+                seed=draw(st.integers(0, 3)), ngram=draw(st.booleans()), stateful=stateful,
+                loop=draw(st.sampled_from(["assisted", "static"])))
 
 
 def stateful(c) -> dict:
@@ -78,7 +80,7 @@ def build(c):
     mask = next(i for i in range(c["vocab"] - 1, -1, -1) if i not in special)
     torch.manual_seed(c["seed"])
     drafter = DSparkDrafter.from_target(model, mask_token_id=mask, **c["drafter"])
-    drafter.verify_policy, drafter.ngram_drafts = c["policy"], c["ngram"]
+    drafter.verify_policy, drafter.ngram_drafts, drafter.loop = c["policy"], c["ngram"], c["loop"]
     if c["prune"]:
         drafter.set_draft_vocab(list(range(0, c["vocab"], 2)))
     return model, drafter, torch.tensor([c["prompt"]])
@@ -93,6 +95,7 @@ def test_fuzz_greedy_identity(c):
     with oracle_drafts(plain, p_right=c["p_right"], seed=c["seed"]):
         spec = model.generate(ids, do_sample=False, assistant_model=drafter, **c["gen"], **stateful(c))
     assert spec.tolist() == plain.tolist(), c
+    assert drafter.last_stats is None or drafter.last_stats.loop == c["loop"], (c, drafter.last_stats.fallback)
 
 
 @seed(20261130)

@@ -116,10 +116,50 @@ def test_requests_it_does_not_take_go_to_the_assisted_loop_by_name(llama, caplog
     out = llama.generate(PROMPT, do_sample=False, max_new_tokens=20, return_dict_in_generate=True,
                          assistant_model=drafter, dspark_options=STATIC)
     assert out.sequences.tolist() == plain.sequences.tolist() and ran == []
-    assert loop.unsupported(llama, PROMPT, llama.generation_config, {}) is None
-    config = llama.generation_config.__class__(return_dict_in_generate=True)
-    assert loop.unsupported(llama, PROMPT, config, {}) == "return_dict_in_generate=True"
-    assert "inputs_embeds" in loop.unsupported(llama, PROMPT, llama.generation_config,
-                                               {"inputs_embeds": torch.zeros(1, 3, 8)})
+    config = llama.generation_config.__class__(max_length=30)  # as generate() prepares it
+    assert loop.unsupported(llama, PROMPT, config, {}, 4) is None
+    asked = llama.generation_config.__class__(max_length=30, return_dict_in_generate=True)
+    assert loop.unsupported(llama, PROMPT, asked, {}, 4) == "return_dict_in_generate=True"
+    assert "inputs_embeds" in loop.unsupported(llama, PROMPT, config, {"inputs_embeds": torch.zeros(1, 3, 8)}, 4)
     with pytest.raises(ValueError, match="loop must be one of"):
         llama.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, dspark_options=DecodingOptions(loop="fast"))
+
+
+def test_a_sliding_window_shorter_than_the_cache_goes_to_the_assisted_loop_and_stays_exact():
+    """A static cache with sliding-window layers shorter than it cannot be rolled back: the call runs on the
+    assisted loop (which keeps the window's past), exact, and the stats say why."""
+    from tests import arch_matrix
+
+    model = arch_matrix.build("mistral")  # sliding window 16
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=24)
+    with oracle_drafts(plain):
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                             dspark_options=STATIC)
+    assert out.tolist() == plain.tolist()
+    stats = drafter.last_stats
+    assert stats.loop == "assisted" and "sliding window" in stats.fallback and "cannot be rolled back" in stats.fallback
+
+
+def test_stats_name_the_loop_that_ran(llama):
+    drafter = drafter_for(llama)
+    llama.generate(PROMPT, do_sample=False, max_new_tokens=6, assistant_model=drafter, dspark_options=STATIC)
+    assert (drafter.last_stats.loop, drafter.last_stats.fallback) == ("static", "")
+    llama.generate(PROMPT, do_sample=False, max_new_tokens=6, assistant_model=drafter)
+    assert (drafter.last_stats.loop, drafter.last_stats.fallback) == ("assisted", "")
+
+
+def test_a_sliding_window_as_long_as_the_cache_takes_the_static_loop_and_stays_exact():
+    from tests import arch_matrix
+
+    config = arch_matrix.tiny_config("mistral")
+    config.sliding_window = loop.CACHE_STEP
+    torch.manual_seed(0)
+    model = type(arch_matrix.build("mistral"))(config).eval()
+    model.generation_config.eos_token_id = model.generation_config.pad_token_id = None
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=24)
+    with oracle_drafts(plain):
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                             dspark_options=STATIC)
+    assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "static"
