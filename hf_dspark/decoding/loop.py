@@ -19,6 +19,7 @@ import time
 
 import torch
 from transformers import StaticCache
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.generation.utils import _speculative_sampling
 from transformers.utils import logging
 
@@ -43,8 +44,9 @@ def room(generation_config, block_size: int) -> int:
 def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs: dict, block_size: int) -> str | None:
     """None if this loop can run the request, else why it stays on transformers' assisted loop. The last check
     allocates (or resets) the model's static cache, which the call then uses."""
-    if generation_config.return_dict_in_generate:
-        return "return_dict_in_generate=True"
+    if generation_config.return_dict_in_generate and (generation_config.output_attentions or
+                                                      generation_config.output_hidden_states):
+        return "output_attentions or output_hidden_states in a dict output"
     extra = sorted(k for k, v in model_kwargs.items() if k not in _ALLOWED_KWARGS and v is not None)
     if extra:
         return f"generate arguments {extra}"
@@ -145,10 +147,15 @@ def _compiled_forward(model):
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config, candidate,
-           streamer=None, compiled: bool = False) -> torch.Tensor:
-    """DSpark decoding of one sequence: input_ids [1, prompt] → [1, prompt + new] (the tensor generate() returns).
+           streamer=None, compiled: bool = False) -> torch.Tensor | GenerateDecoderOnlyOutput:
+    """DSpark decoding of one sequence: input_ids [1, prompt] → [1, prompt + new], what generate() returns (with
+    return_dict_in_generate: its output object, with `scores` and `logits` per new token [1, V] as transformers'
+    assisted loop gives them, and no cache: the loop's static cache is the model's and reused by the next call).
     `candidate` is the call's DSparkCandidateGenerator; the rest are generate()'s own objects."""
     do_sample = bool(generation_config.do_sample)
+    as_dict = bool(generation_config.return_dict_in_generate)
+    kept_scores = () if as_dict and generation_config.output_scores else None
+    kept_logits = () if as_dict and generation_config.output_logits else None
     eos = getattr(generation_config, "_eos_token_tensor", None)
     verifier = StaticVerifier(model, room(generation_config, candidate.block_size), candidate.model_kwargs_overrides["output_hidden_states"], compiled,
                               longest=candidate.block_size + 1)
@@ -160,7 +167,8 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
     while True:
         cur_len = input_ids.shape[1]
         n_drafts = candidates.shape[1] - cur_len
-        scores = logits[:, : n_drafts + 1].to(dtype=torch.float32, device=input_ids.device)
+        raw = logits[:, : n_drafts + 1].to(dtype=torch.float32, device=input_ids.device)
+        scores = raw.clone() if kept_logits is not None else raw
         for i in range(n_drafts + 1):
             scores[:, i] = logits_processor(candidates[:, : cur_len + i], scores[:, i])
         if do_sample and q_logits is not None:
@@ -179,6 +187,10 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
             if ends.numel():
                 valid = valid[:, : int(ends[0]) + 1]
         matches = valid.shape[1] - 1
+        if kept_scores is not None:
+            kept_scores += tuple(scores[:, i] for i in range(matches + 1))
+        if kept_logits is not None:
+            kept_logits += tuple(raw[:, i] for i in range(matches + 1))
         input_ids = torch.cat([input_ids, valid], dim=-1)
         if streamer is not None:
             streamer.put(valid.cpu())
@@ -195,4 +207,6 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
         logits = out.logits
     if streamer is not None:
         streamer.end()
+    if as_dict:
+        return GenerateDecoderOnlyOutput(sequences=input_ids, scores=kept_scores, logits=kept_logits)
     return input_ids

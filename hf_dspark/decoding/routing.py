@@ -266,7 +266,8 @@ class StopScanner(StoppingCriteria):
             value = getattr(out, name, None)
             if value is not None:
                 setattr(out, name, value[: len(value) - extra])
-        cache = getattr(out, "past_key_values", None)
+        cache = getattr(out, "cache", None)
+        cache = getattr(out, "past_key_values", None) if cache is None else cache
         if cache is not None and hasattr(cache, "crop"):
             cache.crop(-extra)
         return out

@@ -112,14 +112,16 @@ def test_requests_it_does_not_take_go_to_the_assisted_loop_by_name(llama, caplog
     ran = []
     decode = loop.decode
     monkeypatch.setattr(loop, "decode", lambda *a, **k: ran.append(1) or decode(*a, **k))
-    plain = llama.generate(PROMPT, do_sample=False, max_new_tokens=20, return_dict_in_generate=True)
+    plain = llama.generate(PROMPT, do_sample=False, max_new_tokens=20, return_dict_in_generate=True,
+                           output_hidden_states=True)
     out = llama.generate(PROMPT, do_sample=False, max_new_tokens=20, return_dict_in_generate=True,
-                         assistant_model=drafter, dspark_options=STATIC)
+                         output_hidden_states=True, assistant_model=drafter, dspark_options=STATIC)
     assert out.sequences.tolist() == plain.sequences.tolist() and ran == []
+    assert "output_hidden_states" in drafter.last_stats.fallback
     config = llama.generation_config.__class__(max_length=30)  # as generate() prepares it
     assert loop.unsupported(llama, PROMPT, config, {}, 4) is None
-    asked = llama.generation_config.__class__(max_length=30, return_dict_in_generate=True)
-    assert loop.unsupported(llama, PROMPT, asked, {}, 4) == "return_dict_in_generate=True"
+    asked = llama.generation_config.__class__(max_length=30, return_dict_in_generate=True, output_attentions=True)
+    assert "output_attentions" in loop.unsupported(llama, PROMPT, asked, {}, 4)
     assert "inputs_embeds" in loop.unsupported(llama, PROMPT, config, {"inputs_embeds": torch.zeros(1, 3, 8)}, 4)
     with pytest.raises(ValueError, match="loop must be one of"):
         llama.generate(PROMPT, max_new_tokens=3, assistant_model=drafter, dspark_options=DecodingOptions(loop="fast"))
@@ -163,3 +165,26 @@ def test_a_sliding_window_as_long_as_the_cache_takes_the_static_loop_and_stays_e
         out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, assistant_model=drafter,
                              dspark_options=STATIC)
     assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "static"
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_dict_outputs_with_scores_and_logits_match_the_assisted_loop(llama, do_sample):
+    """return_dict_in_generate on the own loop: the same sequences, and per new token the same processed scores and
+    raw logits as transformers' assisted loop gives (same drafts, same seed)."""
+    drafter = drafter_for(llama)
+    kw = dict(do_sample=do_sample, max_new_tokens=16, return_dict_in_generate=True, output_scores=True,
+              output_logits=True, repetition_penalty=1.3, assistant_model=drafter)
+    runs = {}
+    for name in ("assisted", "static"):
+        torch.manual_seed(3)
+        runs[name] = llama.generate(PROMPT, **kw, dspark_options=DecodingOptions("all", ngram_drafts=False,
+                                                                                 loop=name))
+        assert drafter.last_stats.loop == name
+    a, s = runs["assisted"], runs["static"]
+    assert s.sequences.tolist() == a.sequences.tolist()
+    assert len(s.scores) == len(a.scores) == len(s.logits) == s.sequences.shape[1] - PROMPT.shape[1]
+    for mine, theirs in ((s.scores, a.scores), (s.logits, a.logits)):
+        for x, y in zip(mine, theirs):
+            assert x.shape == y.shape == (1, llama.config.vocab_size)
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+    assert s.cache is None

@@ -93,8 +93,9 @@ def test_each_loop_has_its_profile_and_decoding_uses_the_one_that_runs(pair):
     with pytest.raises(ProfileMismatchError, match="loop"):  # a profile of the other loop is refused by name
         model.generate(ids, **kw, dspark_options=DecodingOptions(loop="static", device_profile=assisted))
     # a request the static loop does not take runs on the assisted loop, under the assisted loop's profile
-    model.generate(ids, **kw, return_dict_in_generate=True,
+    model.generate(ids, **kw, return_dict_in_generate=True, output_hidden_states=True,
                    dspark_options=DecodingOptions(loop="static", device_profile=assisted))
+    assert drafter.last_stats.loop == "assisted" and drafter.last_stats.fallback
 
 
 def test_save_load_round_trip(pair, tmp_path):
