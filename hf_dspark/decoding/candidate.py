@@ -52,7 +52,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         logits_processor.append(self.observer)
         self.block_size = cfg.block_size
         self.weights = drafter.draft_weights()  # pruned-vocabulary rows, gathered once
-        self.context_kv: list | None = None  # per drafter layer (k, v) [1, n_kv, ctx_len, hd]
+        self.context_kv: list | None = None  # per drafter layer (k, v) [1, n_kv, ctx_len, hd]: views of the buffer
+        self._ctx_buffer: list | None = None  # per drafter layer (k, v) [1, n_kv, room, hd], preallocated
         self.ctx_len = 0
         # prompt positions the target holds but input_ids lacks (a prompt given as inputs_embeds), set at prefill
         self.offset = 0
@@ -162,11 +163,21 @@ class DSparkCandidateGenerator(CandidateGenerator):
         new = feats.shape[1]
         positions = torch.arange(self.ctx_len, self.ctx_len + new, device=dr.device)[None]
         kv = dr.context_kv(feats, positions)
-        if self.context_kv is None:
-            self.context_kv = kv
-        else:
-            self.context_kv = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(self.context_kv, kv)]
-        self.ctx_len += new
+        end = self.ctx_len + new
+        if self._ctx_buffer is None or end > self._ctx_buffer[0][0].shape[2]:
+            # preallocated once per call for every position the call can reach (grown only if a prompt given as
+            # embeddings needs more), so a round writes its rows in place instead of copying the whole context
+            room = max(end, self.max_length + self.offset)
+            old = self._ctx_buffer
+            self._ctx_buffer = [(k.new_empty(*k.shape[:2], room, k.shape[3]), v.new_empty(*v.shape[:2], room, v.shape[3]))
+                                for k, v in kv]
+            if old is not None:
+                for (k1, v1), (k0, v0) in zip(self._ctx_buffer, old):
+                    k1[:, :, : self.ctx_len], v1[:, :, : self.ctx_len] = k0[:, :, : self.ctx_len], v0[:, :, : self.ctx_len]
+        for (kb, vb), (k, v) in zip(self._ctx_buffer, kv):
+            kb[:, :, self.ctx_len : end], vb[:, :, self.ctx_len : end] = k, v
+        self.context_kv = [(kb[:, :, :end], vb[:, :, :end]) for kb, vb in self._ctx_buffer]
+        self.ctx_len = end
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         """input_ids [1, new_len] after verification; scores [1, ℓ+1, V] processed target logits."""

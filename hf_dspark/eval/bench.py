@@ -66,7 +66,7 @@ def static_cache(model, base: Method | None = None, compiled: bool = True, mode:
         extra = {"disable_compile": True}
     return dataclasses.replace(
         base, name=f"{base.name}-static" + ("-compiled" if compiled else ""), extra={**base.extra, **extra},
-        fresh=lambda longest: {"past_key_values": StaticCache(config=model.config, max_cache_len=longest)})
+        fresh=lambda longest: {"cache": StaticCache(config=model.config, max_cache_len=longest)})
 
 
 def load_prompts(paths: list[str], limit: int | None, holdout: bool = False) -> list[tuple[str, str]]:

@@ -241,7 +241,7 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
         ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
         fresh = DynamicCache()
         logits = model(input_ids=ids.to(device), attention_mask=pmask.to(device), position_ids=ppos.to(device),
-                       past_key_values=fresh, use_cache=True, logits_to_keep=1).logits[:, -1].float()
+                       cache=fresh, use_cache=True, logits_to_keep=1).logits[:, -1].float()
         if width > cache.n:  # every row must fit right-aligned at the current column
             pad = width - cache.n
             cache.shift(0, pad=pad, room=64)
@@ -295,7 +295,7 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
             start.sub_(drop)
         mask[:, cache.n] = 1
         logits = model(input_ids=last[:, None], attention_mask=mask[:, : cache.width(1)], position_ids=pos[:, None],
-                       past_key_values=cache, use_cache=True).logits[:, -1].float()
+                       cache=cache, use_cache=True).logits[:, -1].float()
         cache.n += 1
         pos += 1
         take(live, pick(logits[live], live))
