@@ -56,6 +56,9 @@ def add_parser(sub) -> None:
                         "profile), scheduler, all, an int k, threshold:T")
     g.add_argument("--ngram-drafts", action=argparse.BooleanOptionalAction, default=True,
                    help="take free n-gram drafts from the context when its last 2-4 tokens occurred before (lossless)")
+    g.add_argument("--loop", choices=("assisted", "static", "compiled"), default="assisted",
+                   help="decoding loop: transformers' assisted loop, or DSpark's own on a static KV cache, its "
+                        "verification eager (static) or compiled (compiled: compiles on the first call, ~15-90 s)")
     g.set_defaults(func=cmd_generate)
 
 
@@ -173,7 +176,8 @@ def cmd_generate(args) -> int:
     else:
         dtype = loading.resolve_dtype(args.dtype, device)
     model, tok, drafter, what = loading.load_target_and_drafter(args.target, args.drafter, dtype, device)
-    drafter.options = DecodingOptions(DecodingOptions.parse(args.verify).verify_policy, args.ngram_drafts)
+    drafter.options = DecodingOptions(DecodingOptions.parse(args.verify).verify_policy, args.ngram_drafts,
+                                      loop=args.loop)
     dt = str(model.dtype).removeprefix("torch.")
     print(f"target: {args.target or 'SmolLM2-135M-Instruct (embedded)'} [{dt}{dtype_note}, {model.device}]; "
           f"drafter: {what}", file=sys.stderr)
@@ -208,7 +212,8 @@ def cmd_generate(args) -> int:
           f"({ratio:.2f}x){busy_note(torch.get_num_threads())}")
     pooled = DSparkStats(block_size=drafter.config.block_size, rounds=res["rounds"])
     print(f"verify policy: {args.verify}{' + n-gram drafts' if args.ngram_drafts else ''}; "
-          f"verified drafts per round: {pooled.verify_lengths}")
+          f"verified drafts per round: {pooled.verify_lengths}; "
+          f"loop: {drafter.last_stats.loop if drafter.last_stats is not None else args.loop}")
     print(f"τ (tokens committed per round) = {pooled.tau:.2f} over {len(pooled.rounds)} rounds "
           f"({pooled.drafted_rounds} drafted, {pooled.ngram_rounds} of them n-gram drafts)")
     if args.do_sample:

@@ -42,9 +42,20 @@ def test_generate_prints_speeds_rounds_and_identity(folders, capsys, verify, ngr
     shown = verify or "auto"
     ngram = True if ngram is None else ngram
     assert f"verify policy: {shown}{' + n-gram drafts' if ngram else ''};" in out and " drafted, " in out
+    assert "; loop: assisted" in out
     if not ngram:
         assert " 0 of them n-gram drafts" in out
     assert f"greedy output identical to plain generate on all {n} prompts." in out
+
+
+def test_generate_runs_on_dspark_own_loop(folders, capsys):
+    target, drafter = folders
+    argv = ["generate", "hello there hello there", "--target", str(target), "--drafter", str(drafter),
+            "--max-new-tokens", "12", "--device", "cpu", "--threads", "1", "--dtype", "float32", "--loop", "static"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "; loop: static" in out  # the loop that ran the timed calls
+    assert f"greedy output identical to plain generate on all {1 + len(generate.PROMPTS)} prompts." in out
 
 
 def test_timing_warms_up_after_the_profile_then_times_interleaved(folders, monkeypatch):
