@@ -77,6 +77,7 @@ class StaticVerifier:
         later process mostly reloads them)."""
         self.model, self.hidden_states, self.longest = model, hidden_states, longest
         self.cache = _static_cache(model, max_len)
+        compiled = compiled and "_dspark_compile_error" not in model.__dict__  # failed once: eager from then on
         self.forward = _compiled_forward(model) if compiled else model.forward
         self.compiled = compiled
 
@@ -90,9 +91,19 @@ class StaticVerifier:
         logger.warning(f"DSpark: compiling the target's verification forward for {todo} tokens (once per "
                        "process; on a new machine ~30 s each on a CPU, later runs reload torch's cached kernels)")
         t0 = time.perf_counter()
+        filled = self.cache.get_seq_length()
         for L in todo:
             tokens = torch.zeros((1, L), dtype=torch.long, device=self.model.device)
-            self.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+            try:
+                self.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+            except Exception as e:  # noqa: BLE001 -- no compiler, an unsupported op: the same loop, eager
+                if self.cache.get_seq_length() > filled:
+                    self.cache.crop(filled - self.cache.get_seq_length())
+                self.model.__dict__["_dspark_compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                self.forward, self.compiled = self.model.forward, False
+                logger.warning(f"DSpark: torch.compile failed ({self.model._dspark_compile_error}); the loop verifies "
+                               "eagerly instead (same output, the eager loop's speed)")
+                return
             self.cache.crop(-L)
             done.add((L, id(self.cache)))
         logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")

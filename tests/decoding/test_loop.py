@@ -62,6 +62,27 @@ def test_compiled_verification_equals_plain():
     assert out.tolist() == plain.tolist()
 
 
+def test_a_compile_that_fails_leaves_the_loop_eager_and_exact(monkeypatch, caplog):
+    """No compiler, an op torch.compile cannot take: the compiled loop says so once and verifies eagerly."""
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    tries = []
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args, **kw):
+            tries.append(1)
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    options = DecodingOptions("all", ngram_drafts=False, loop="compiled")
+    for _ in range(2):
+        plain, out = _greedy(model, drafter, options)
+        assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "compiled"
+    assert len(tries) == 1 and "InvalidCxxCompiler" in model._dspark_compile_error  # tried once, not per call
+
+
 def test_eos_stop_strings_criteria_and_streamer_are_exact(llama, char_tokenizer):
     free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
     drafter = drafter_for(llama)
