@@ -23,6 +23,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.generation.utils import _speculative_sampling
 from transformers.utils import logging
 
+from .scheduler import pad_length
+
 logger = logging.get_logger(__name__)
 
 LENGTHS = (1, 2, 4, 8, 16, 32, 64)  # verification forwards are padded up to one of these; γ + 1 ≤ 64
@@ -71,11 +73,16 @@ class StaticVerifier:
     (`compiled`: the multi-token verification forwards only; a one-token step runs eagerly, where compiling did not
     pay on the CPUs measured, docs/benchmarks.md)."""
 
-    def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1):
+    def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1,
+                 run_as: dict[int, int] | None = None):
         """longest: the most tokens a verification may take (γ + 1); compiled, every length up to it is compiled
         here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
-        later process mostly reloads them)."""
+        later process mostly reloads them). run_as: n tokens → the (larger) number of tokens to feed instead, where
+        the device profile measured that longer forward as cheaper (a compiled 2-token forward can cost less than
+        the eager 1-token step); it depends only on n, so it stays lossless."""
         self.model, self.hidden_states, self.longest = model, hidden_states, longest
+        self.run_as = run_as or {}
+        self.fed = self.real = 0  # tokens the last verification fed (padding included) and of them real ones
         self.cache = _static_cache(model, max_len)
         compiled = compiled and "_dspark_compile_error" not in model.__dict__  # failed once: eager from then on
         self.forward = _compiled_forward(model) if compiled else model.forward
@@ -119,15 +126,18 @@ class StaticVerifier:
     def verify(self, tokens: torch.Tensor):
         """tokens [1, n] → the forward of them padded to padded(n), all rows (the caller reads rows 0..n-1)."""
         n = tokens.shape[1]
-        fed = tokens.new_empty((1, padded(n)))  # a fresh [1, L] tensor: a compiled graph guards on shape and strides
+        # a fresh [1, L] tensor: a compiled graph guards on shape and strides
+        fed = tokens.new_empty((1, padded(max(n, self.run_as.get(n, n)))))
         fed[:, :n], fed[:, n:] = tokens, tokens[:, -1:]
         tokens, L = fed, fed.shape[1]
+        self.fed, self.real = L, n
         forward = self.forward if L > 1 else self.model.forward
         return forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
 
-    def keep(self, fed: int, kept: int) -> None:
-        """After a verification of `fed` real tokens (padded): keep the first `kept` of them in the cache."""
-        self.cache.crop(-(padded(fed) - kept))
+    def keep(self, kept: int) -> None:
+        """After a verification: keep the first `kept` tokens it fed in the cache (the rest, padding included, is
+        rolled back by moving the position)."""
+        self.cache.crop(-(self.fed - kept))
 
 
 CACHE_STEP = 512  # a static cache's length is rounded up to this: calls of similar lengths share one cache
@@ -168,8 +178,11 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
     kept_scores = () if as_dict and generation_config.output_scores else None
     kept_logits = () if as_dict and generation_config.output_logits else None
     eos = getattr(generation_config, "_eos_token_tensor", None)
+    profile = candidate.policy.profile  # the profile of this loop (policy.py), None under fixed policies
+    run_as = {} if profile is None else {n: pad_length(n - 1, profile.verify_time) + 1
+                                         for n in range(1, len(profile.verify_time) + 1)}
     verifier = StaticVerifier(model, room(generation_config, candidate.block_size), candidate.model_kwargs_overrides["output_hidden_states"], compiled,
-                              longest=candidate.block_size + 1)
+                              longest=candidate.block_size + 1, run_as=run_as)
     # the prefill: transformers' first assisted round (no candidates; the first token drawn from the last row)
     candidate.get_candidates(input_ids, is_first_iteration=True)
     out = verifier.prefill(input_ids)
@@ -206,7 +219,7 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
         if streamer is not None:
             streamer.put(valid.cpu())
         if fed:  # the anchor and the accepted drafts stay in the cache; the rest of the forward is rolled back
-            verifier.keep(fed, matches + 1)
+            verifier.keep(matches + 1)
         candidate.update_candidate_strategy(input_ids, scores, matches)
         if bool(stopping_criteria(input_ids, None).all()):
             break

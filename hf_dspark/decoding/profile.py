@@ -287,7 +287,7 @@ def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeat
         verifier = StaticVerifier(target, cache_len + 2 * max(lengths), taps or None, compiled=loop == "compiled",
                                   longest=max(lengths))
         cache, prefill, forward = verifier.cache, verifier.prefill, verifier.verify
-        rollback = lambda k: verifier.keep(k, 0)  # noqa: E731
+        rollback = lambda k: verifier.keep(0)  # noqa: E731
     t0 = clock.now()
     prefill(ids(cache_len))
     prefill_time = clock.now() - t0

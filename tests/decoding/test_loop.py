@@ -117,11 +117,11 @@ def test_negative_control_a_loop_that_keeps_a_rejected_draft_differs(monkeypatch
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
     keep, spoiled = loop.StaticVerifier.keep, []
 
-    def keep_one_rejected_draft_once(self, fed, kept):  # once: the cache's room for padding is not overrun
-        if kept < fed and not spoiled:
+    def keep_one_rejected_draft_once(self, kept):  # once: the cache's room for padding is not overrun
+        if kept < self.real and not spoiled:
             spoiled.append(kept)
             kept += 1
-        keep(self, fed, kept)
+        keep(self, kept)
 
     monkeypatch.setattr(loop.StaticVerifier, "keep", keep_one_rejected_draft_once)
     plain, out = _greedy(model, drafter, STATIC)
@@ -209,3 +209,25 @@ def test_dict_outputs_with_scores_and_logits_match_the_assisted_loop(llama, do_s
             assert x.shape == y.shape == (1, llama.config.vocab_size)
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
     assert s.cache is None
+
+
+def test_a_step_runs_as_the_longer_forward_the_profile_found_cheaper_and_stays_exact(monkeypatch):
+    """Where the loop's profile measured a 2-token forward as cheaper than the 1-token step (compiled, bf16, on a
+    Zen 5), a round without drafts feeds its one token padded to 2; the output is unchanged."""
+    from hf_dspark.decoding.profile import DeviceProfile, profile_key
+
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    cheaper_two = DeviceProfile(key=profile_key(model, drafter, "static"), verify_time=[1.0, 0.8, 5.0, 5.0],
+                                draft_time=9.0, rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
+    fed = []
+    verify = loop.StaticVerifier.verify
+    monkeypatch.setattr(loop.StaticVerifier, "verify",
+                        lambda self, tokens: (fed.append((tokens.shape[1], verify(self, tokens))) or fed[-1][1]))
+    options = DecodingOptions("auto", ngram_drafts=False, device_profile=cheaper_two, loop="static")
+    plain, out = _greedy(model, drafter, options)
+    assert out.tolist() == plain.tolist()
+    assert drafter.last_stats.loop == "static"
+    steps = [o for n, o in fed if n == 1]  # rounds without drafts (drafting never pays here: the gate probes)
+    assert len(steps) > 10 and {o.logits.shape[1] for o in steps} == {2}  # each ran as a 2-token forward
