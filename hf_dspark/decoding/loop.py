@@ -62,7 +62,7 @@ def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs:
         return "custom position_ids"
     if not getattr(model, "_can_compile_fullgraph", False):
         return f"{type(model).__name__} has no static-cache support in transformers"
-    if not _static_cache(model, room(generation_config, block_size)).is_croppable:
+    if not _static_cache(model, room(generation_config, block_size), reset=False).is_croppable:
         return (f"a static cache of {model._dspark_static_cache[2]} positions for {type(model).__name__}, which "
                 "cannot be rolled back (a sliding window shorter than it, or recurrent layers)")
     return None
@@ -143,14 +143,15 @@ class StaticVerifier:
 CACHE_STEP = 512  # a static cache's length is rounded up to this: calls of similar lengths share one cache
 
 
-def _static_cache(model, length: int) -> StaticCache:
-    """The model's static cache, reset, if it holds `length` positions; else a new one of `length` rounded up to
-    CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across calls (their guards
-    check its tensors); a generate call is not thread-safe on one model anyway."""
+def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
+    """The model's static cache (reset unless `reset=False`), if it holds `length` positions; else a new one of
+    `length` rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across
+    calls (their guards check its tensors); a generate call is not thread-safe on one model anyway."""
     kept = model.__dict__.get("_dspark_static_cache")
     placed = (model.dtype, model.device)  # a cast or moved model needs a new cache
     if kept is not None and kept[1] == placed and kept[2] >= length:
-        kept[0].reset()
+        if reset:
+            kept[0].reset()
         return kept[0]
     size = -(-length // CACHE_STEP) * CACHE_STEP
     cache = StaticCache(config=model.config, max_cache_len=size)
