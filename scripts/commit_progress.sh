@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 git add data/answers
 for run in runs/*/; do
-  latest=$(ls -d "$run"checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1)
+  latest=$(ls -d "$run"checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1 || true)
   [ -n "$latest" ] || continue
   git add -A "$run"  # the new checkpoint, the removal of the one it replaced, metrics and config
 done
