@@ -231,3 +231,23 @@ def test_a_step_runs_as_the_longer_forward_the_profile_found_cheaper_and_stays_e
     assert drafter.last_stats.loop == "static"
     steps = [o for n, o in fed if n == 1]  # rounds without drafts (drafting never pays here: the gate probes)
     assert len(steps) > 10 and {o.logits.shape[1] for o in steps} == {2}  # each ran as a 2-token forward
+
+
+def test_sampling_follows_the_targets_law_when_steps_run_as_longer_forwards(monkeypatch):
+    """The G-test again, on a profile that makes the loop feed each one-token step as a 2-token forward."""
+    from hf_dspark.decoding.profile import DeviceProfile, profile_key
+    from tests.sampling_check import PROMPT as SMALL
+
+    model, drafter = setup(head="markov")
+    profile = DeviceProfile(key=profile_key(model, drafter, "static"), verify_time=[1.0, 0.8, 5.0, 5.0],
+                            draft_time=9.0, rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
+    fed = []
+    verify = loop.StaticVerifier.verify
+    monkeypatch.setattr(loop.StaticVerifier, "verify",
+                        lambda self, tokens: fed.append((tokens.shape[1], self.run_as)) or verify(self, tokens))
+    options = DecodingOptions("auto", ngram_drafts=False, device_profile=profile, loop="static")
+    exact = exact_distribution(model, SMALL, STEPS, processors())
+    samples = sample_counts(model, drafter, SMALL, STEPS, N, seed=12, dspark_options=options)
+    assert sum(n == 1 and run_as.get(1) == 2 for n, run_as in fed) > N  # most steps ran as 2-token forwards
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"static loop, steps run as 2 tokens: samples deviate from the target's law (p={p:.2e})"
