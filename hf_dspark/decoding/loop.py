@@ -45,7 +45,7 @@ def room(generation_config, block_size: int) -> int:
 
 def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs: dict, block_size: int) -> str | None:
     """None if this loop can run the request, else why it stays on transformers' assisted loop. The last check
-    allocates (or resets) the model's static cache, which the call then uses."""
+    allocates the model's static cache if it has none long enough (the call then uses it)."""
     if generation_config.return_dict_in_generate and (generation_config.output_attentions or
                                                       generation_config.output_hidden_states):
         return "output_attentions or output_hidden_states in a dict output"
