@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from . import common
@@ -57,7 +58,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--same-data-as", default=None, metavar="RUN",
                    help="train on the batches and draft vocabulary of the run in folder RUN (same data, seed and "
                    "batch settings required): an ablation that differs from it in the head alone")
+    p.add_argument("--mix", nargs="+", type=_source_weight, default=None, metavar="SOURCE=WEIGHT",
+                   help="reweight sources (an answer's prompt file stem, e.g. oasst_prompts=3): its answers appear "
+                   "WEIGHT times per epoch (fractions sample, 0 drops it; others keep 1); another mix on a resume "
+                   "opens a new epoch at the resume step")
     p.set_defaults(func=main)
+
+
+def _source_weight(spec: str) -> tuple[str, float]:
+    source, sep, weight = spec.rpartition("=")
+    try:
+        if not sep or not source or float(weight) < 0:
+            raise ValueError
+        return source, float(weight)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not SOURCE=WEIGHT with WEIGHT >= 0") from None
 
 
 def main(args) -> int:
@@ -69,6 +84,7 @@ def main(args) -> int:
 
     dtype = resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")
     fields = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
+    fields["mix"] = dict(args.mix) if args.mix else None
     cfg = TrainConfig(**fields, output_dir=args.output, precision="bf16" if dtype == torch.bfloat16 else "fp32")
     res = train(cfg)
     state = checkpoint.latest(Path(args.output))

@@ -52,38 +52,81 @@ class DataPlan:
 
     Epoch e shuffles the first `size_e` records, `size_e` being the stream's length when the epoch began, so
     a resumed run sees the batches the uninterrupted one saw; the next epoch takes in whatever the stream holds
-    by then. `epochs` [{"start": step, "size": n, "last_id": id, "digest": sha1 of the n ids}] is saved in
-    progress.json.
+    by then. `mix` {source: weight} reweights the sources of the epochs it opens: a source's records appear
+    `weight` times per epoch (whole copies, then a seeded sample for the fraction; 0 drops it; sources it does
+    not name keep weight 1). `epochs` [{"start": step, "size": n, "last_id": id, "digest": sha1 of the n ids,
+    "mix": the weights, if any; "steps": its length, when a new mixture cut it short}] is saved in progress.json.
     """
 
-    def __init__(self, records: list[dict], batch_size: int, seed: int, epochs: list[dict] | None = None):
+    def __init__(self, records: list[dict], batch_size: int, seed: int, epochs: list[dict] | None = None,
+                 mix: dict[str, float] | None = None):
         self.records, self.batch_size, self.seed = records, batch_size, seed
         self.epochs = list(epochs or [])
+        self.mix = {s: float(w) for s, w in (mix or {}).items()}
+        sources = {source_of(r["id"]) for r in records}
+        unknown = sorted(set(self.mix) - sources)
+        if unknown:
+            raise ValueError(f"mix names {', '.join(map(repr, unknown))}, which no training answer comes from "
+                             f"(sources: {', '.join(sorted(sources))})")
+        if any(w < 0 for w in self.mix.values()):
+            raise ValueError(f"mix weights must be >= 0, got {self.mix}")
         for e in self.epochs:
             if len(records) < e["size"] or _digest(records[: e["size"]]) != e["digest"]:
                 raise ValueError(f"the training data no longer starts with the {e['size']} records an earlier epoch "
                                  f"used (its last was {e['last_id']!r}): the stream was rewritten, not appended to")
+        self._orders: dict[int, list[int]] = {}
 
     def _open(self, start: int) -> dict:
         e = {"start": start, "size": len(self.records), "last_id": self.records[-1]["id"],
-             "digest": _digest(self.records)}
+             "digest": _digest(self.records), **({"mix": dict(self.mix)} if self.mix else {})}
         self.epochs.append(e)
         return e
 
-    def steps(self, e: dict) -> int:
-        return max(1, e["size"] // self.batch_size)
+    def replan(self, step: int) -> bool:
+        """Start the mixture given now at `step` (a resume under another `mix`): the running epoch ends there and
+        the next one opens on the stream as it is. → whether it did (False: the mixture is the running one's)."""
+        if not self.epochs or self.epochs[-1].get("mix", {}) == self.mix:
+            return False
+        if step == self.epochs[-1]["start"]:  # the epoch has not taken a step yet: reopen it
+            self.epochs.pop()
+            self._orders.pop(len(self.epochs), None)
+        else:
+            self.epochs[-1]["steps"] = step - self.epochs[-1]["start"]
+        self._open(step)
+        return True
+
+    def _order(self, i: int) -> list[int]:
+        """Epoch i's record indices in training order (with a mix: each repeated by its source's weight)."""
+        if i not in self._orders:
+            e, rng = self.epochs[i], random.Random(self.seed * 1000 + i)
+            mix = e.get("mix")
+            if not mix:
+                order = list(range(e["size"]))
+            else:
+                by_source: dict[str, list[int]] = {}
+                for j in range(e["size"]):
+                    by_source.setdefault(source_of(self.records[j]["id"]), []).append(j)
+                order = []
+                for source, idx in by_source.items():
+                    w = mix.get(source, 1.0)
+                    order += idx * int(w) + sorted(rng.sample(idx, round((w - int(w)) * len(idx))))
+            rng.shuffle(order)
+            self._orders[i] = order
+        return self._orders[i]
+
+    def steps(self, i: int) -> int:
+        """Optimizer steps in epoch i."""
+        e = self.epochs[i]
+        return e["steps"] if "steps" in e else max(1, len(self._order(i)) // self.batch_size)
 
     def batch(self, step: int) -> tuple[int, list[dict]]:
         """→ (epoch index, the global batch of records for optimizer step `step`)."""
         if not self.epochs:
             self._open(0)
-        while step >= self.epochs[-1]["start"] + self.steps(self.epochs[-1]):
-            self._open(self.epochs[-1]["start"] + self.steps(self.epochs[-1]))
+        while step >= self.epochs[-1]["start"] + self.steps(len(self.epochs) - 1):
+            self._open(self.epochs[-1]["start"] + self.steps(len(self.epochs) - 1))
         i = next(j for j in range(len(self.epochs) - 1, -1, -1) if step >= self.epochs[j]["start"])
-        e = self.epochs[i]
-        order = list(range(e["size"]))
-        random.Random(self.seed * 1000 + i).shuffle(order)
-        k = step - e["start"]
+        order, k = self._order(i), step - self.epochs[i]["start"]
         return i, [self.records[j] for j in order[k * self.batch_size : (k + 1) * self.batch_size]]
 
 

@@ -65,6 +65,7 @@ class TrainConfig:
     draft_vocab: int | None = None  # train (and draft) on the N most frequent response tokens (+ EOS) only
     same_data_as: str | None = None  # another run's folder: train on its batches and draft vocabulary (ablations)
     init_from: str | None = None  # a drafter folder to start from (its weights and draft vocabulary): a next stage
+    mix: dict[str, float] | None = None  # {source: weight} of the epochs it opens (plan.DataPlan); None: the stream's own
 
 
 # What fixes a run's trajectory: a resumed run must agree on these, or its schedule and data order are another run's.
@@ -72,7 +73,8 @@ _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_si
                   "lr", "weight_decay", "warmup", "epochs", "max_length", "val_size", "seed", "warm_start",
                   "draft_vocab", "same_data_as", "init_from")
 # (not precision: a run that is resumed elsewhere may land on a CPU without native bf16; not max_steps: another total on
-# a resume re-plans the rest of the schedule, `schedule.plan_schedule`)
+# a resume re-plans the rest of the schedule, `schedule.plan_schedule`; not mix: another mixture on a resume opens a
+# new epoch at the resume step, `plan.DataPlan.replan`)
 
 
 def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
@@ -139,8 +141,11 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     step, epochs = 0, (same["epochs"] if same else None)
     if saved is not None:
         step, epochs = _resume(cfg, acc, state, saved, objective, opt, sched)
-    run = _Run(cfg, acc, objective, opt, sched, feats, DataPlan(train_recs, cfg.batch_size, cfg.seed, epochs),
-               val_recs, LossWeights.dflash() if cfg.head == "none" else LossWeights(), pad_id, out)
+    plan = DataPlan(train_recs, cfg.batch_size, cfg.seed, epochs, cfg.mix)
+    if saved is not None and plan.replan(step):
+        acc.print(f"the mixture changed: epoch {len(plan.epochs) - 1} opens at step {step} on {len(train_recs)} "
+                  f"records with weights {cfg.mix or 'of the stream'}")
+    run = _Run(cfg, acc, objective, opt, sched, feats, plan, val_recs, LossWeights.dflash() if cfg.head == "none" else LossWeights(), pad_id, out)
     _open_record(run, step)
     _loop(run, step)
     target.to(target_dtype)

@@ -92,6 +92,13 @@ def test_counts_that_must_be_positive_are_refused_by_argparse(argv, capsys):
     assert e.value.code == 2 and "must be at least 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec", ["oasst_prompts", "oasst_prompts=-1", "=2", "oasst_prompts=x"])
+def test_train_mix_takes_source_equals_weight(spec, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "x", "-o", "y", "--mix", spec])
+    assert e.value.code == 2 and f"{spec!r} is not SOURCE=WEIGHT with WEIGHT >= 0" in capsys.readouterr().err
+
+
 def test_train_says_which_step_it_saved_and_which_validation_it_shows(folders, tmp_path, capsys):
     target, _ = folders
     answers = tmp_path / "a.jsonl"

@@ -40,3 +40,53 @@ def test_data_plan_epochs_take_in_the_grown_stream_and_refuse_a_rewritten_one():
     assert {r["id"] for s in range(3, 8) for r in grown.batch(s)[1]} == {r["id"] for r in recs}
     with pytest.raises(ValueError, match="rewritten"):
         DataPlan([{"id": "other"}] + recs[1:], batch_size=2, seed=0, epochs=grown.epochs)
+
+
+def _stream(counts: dict[str, int]) -> list[dict]:
+    return [{"id": f"{src}:{i}#0"} for src, n in counts.items() for i in range(n)]
+
+
+def test_mix_repeats_each_source_by_its_weight_per_epoch():
+    from collections import Counter
+
+    from hf_dspark.training.plan import DataPlan
+
+    recs = _stream({"math": 20, "chat": 10, "code": 10})
+    plan = DataPlan(recs, batch_size=5, seed=0, mix={"chat": 2.5, "code": 0})
+    assert plan.batch(0)[0] == 0
+    n = plan.steps(0)
+    assert n == (20 + 25) // 5  # math ×1, chat ×2.5 (two copies and half of it sampled), code dropped
+    seen = Counter(r["id"] for s in range(n) for r in plan.batch(s)[1])
+    assert sum(v for k, v in seen.items() if k.startswith("chat")) == 25
+    assert {v for k, v in seen.items() if k.startswith("chat")} == {2, 3}
+    assert all(seen[f"math:{i}#0"] == 1 for i in range(20)) and not any(k.startswith("code") for k in seen)
+    assert plan.epochs[0]["mix"] == {"chat": 2.5, "code": 0.0}
+    again = DataPlan(recs, batch_size=5, seed=0, epochs=plan.epochs, mix={"chat": 2.5, "code": 0})
+    assert [again.batch(s) for s in range(n)] == [plan.batch(s) for s in range(n)]  # a resume: the same batches
+
+
+def test_another_mix_on_resume_opens_an_epoch_at_the_resume_step():
+    from hf_dspark.training.plan import DataPlan
+
+    recs = _stream({"math": 20, "chat": 4})
+    plan = DataPlan(recs[:22], batch_size=2, seed=0)
+    before = [plan.batch(s) for s in range(3)]
+    resumed = DataPlan(recs, batch_size=2, seed=0, epochs=plan.epochs, mix={"chat": 3})
+    assert not DataPlan(recs, batch_size=2, seed=0, epochs=plan.epochs).replan(3)  # same mixture: nothing to do
+    assert resumed.replan(3)
+    assert [resumed.batch(s) for s in range(3)] == before  # the steps already taken are unchanged
+    assert resumed.epochs[0]["steps"] == 3 and resumed.epochs[1]["start"] == 3
+    assert resumed.epochs[1]["size"] == 24 and resumed.epochs[1]["mix"] == {"chat": 3.0}
+    epoch, _ = resumed.batch(3)
+    assert epoch == 1 and resumed.steps(1) == (20 + 12) // 2
+    chat = [r for s in range(3, 3 + resumed.steps(1)) for r in resumed.batch(s)[1] if r["id"].startswith("chat")]
+    assert len(chat) == 12
+    assert resumed.batch(3 + resumed.steps(1))[0] == 2  # the next epoch keeps the new mixture
+    assert resumed.epochs[2]["mix"] == {"chat": 3.0}
+
+
+def test_mix_refuses_a_source_the_stream_does_not_hold():
+    from hf_dspark.training.plan import DataPlan
+
+    with pytest.raises(ValueError, match="'chta'.*sources: chat, math"):
+        DataPlan(_stream({"math": 2, "chat": 2}), batch_size=2, seed=0, mix={"chta": 2})

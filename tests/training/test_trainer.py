@@ -193,6 +193,24 @@ def test_resume_over_a_grown_stream_matches_and_keeps_the_plan(tmp_path):
     assert files and all(p.suffix in (".safetensors", ".json", ".jsonl") for p in files), files
 
 
+def test_resume_under_another_mix_opens_an_epoch_at_the_resume_step(tmp_path):
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 24, resp_len=16)
+    for i, r in enumerate(recs):
+        r["id"] = f"{'chat' if i % 3 == 0 else 'math'}:{i}"
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 2,
+          "eval_every": 0, "save_every": 0, "lr": 3e-3, "max_steps": 4}
+    out = tmp_path / "run"
+    train(TrainConfig(output_dir=str(out), time_limit=1e-9, **kw), target=t, records=recs)
+    assert [e.get("mix") for e in progress(out)["epochs"]] == [None]
+    res = train(TrainConfig(output_dir=str(out), mix={"chat": 3}, **kw), target=t, records=recs)
+    epochs = progress(out)["epochs"]
+    assert [h["step"] for h in res["history"]] == [2, 3, 4]  # the schedule is the run's own: only the data changed
+    assert epochs[0]["steps"] == 1 and (epochs[1]["start"], epochs[1]["mix"]) == (1, {"chat": 3.0})
+
+
 def test_resume_with_another_max_steps_replans_from_the_saved_step(tmp_path):
     from hf_dspark.training.trainer import TrainConfig, lr_lambda, train
 
