@@ -8,6 +8,7 @@ the fly, or cached per sequence on disk (bf16 safetensors) for small multi-epoch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -59,8 +60,11 @@ class FeatureSource:
         missing = [b for b, k in enumerate(keys) if not self._path(k).exists()]
         for b in missing:
             f, h = self._one(input_ids[b], int(lengths[b]))
+            path = self._path(keys[b])
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # a kill mid-write leaves no truncated file
             save_file({"features": f.to(torch.bfloat16).contiguous(), "last_hidden": h.to(torch.bfloat16).contiguous()},
-                      str(self._path(keys[b])))
+                      str(tmp))
+            os.replace(tmp, path)
         loaded = []
         for k in keys:
             t = load_file(str(self._path(k)))

@@ -40,3 +40,24 @@ def test_feature_source_computes_each_sequence_unpadded_and_caches_it(tmp_path, 
     monkeypatch.setattr(features, "target_features", lambda *a, **k: pytest.fail("recomputed a cached sequence"))
     again = FeatureSource(t, [0, 2], tmp_path / "cache")(keys, ids, lengths)
     assert torch.equal(again[0], feats) and torch.equal(again[1], last)
+
+
+def test_a_write_killed_midway_leaves_no_cached_file(tmp_path, monkeypatch):
+    """The cache is written to a partial file and renamed: a kill mid-write cannot leave a truncated entry that a
+    resumed run would read."""
+    from hf_dspark.training import features
+    from hf_dspark.training.features import FeatureSource
+
+    def killed(tensors, path):
+        open(path, "wb").write(b"trunc")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(features, "save_file", killed)
+    t = tiny_target()
+    ids, lengths = torch.randint(3, 64, (1, 5)), torch.tensor([5])
+    with pytest.raises(KeyboardInterrupt):
+        FeatureSource(t, [0, 2], tmp_path)(["a:0#0"], ids, lengths)
+    assert not (tmp_path / "a_0#0.safetensors").exists()
+    monkeypatch.undo()
+    feats, _ = FeatureSource(t, [0, 2], tmp_path)(["a:0#0"], ids, lengths)  # recomputed, then read back
+    assert (tmp_path / "a_0#0.safetensors").exists() and feats.abs().sum() > 0
