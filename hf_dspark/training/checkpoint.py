@@ -6,6 +6,10 @@
     <out>/checkpoint-<step>/train_config.json
     <out>/checkpoint-<step>/manifest.json    written last: the step, and every file's size and sha256
 
+`slim` drops the AdamW moments and the RNG state of a published checkpoint (two thirds of its bytes) to store it
+where space counts, e.g. in a repository between machines; a run resumed from it restarts the moments from zero
+at its step (it says so), so it no longer matches an uninterrupted run exactly.
+
 A save writes everything into `<out>/.checkpoint-<step>.partial/` and renames that folder into place only once
 its manifest is written; earlier checkpoints are removed after that. A kill at any moment therefore leaves the
 previous complete checkpoint (and at most a partial folder, which the next save removes). On resume the newest
@@ -109,6 +113,27 @@ def _prune(out: Path, keep: Path) -> None:
             shutil.rmtree(old)
 
 
+def slim(folder: Path) -> Path:
+    """Drop the optimizer's tensors (moments, RNG) from the published checkpoint `folder`, keeping its weights,
+    progress and schedule. The manifest is replaced first (marked "slim", listing what stays), then the tensors
+    are deleted: a kill at any point leaves a checkpoint that verifies, slim or whole."""
+    folder = Path(folder)
+    step = verify(folder)["step"]
+    moments = [p for p in (folder / "optimizer").iterdir() if p.name.endswith((".safetensors", ".safetensors.index.json"))]
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p not in moments and p.name != "manifest.json")
+    entries = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
+    tmp = folder / "manifest.json.partial"
+    _write_json(tmp, {"step": step, "files": entries, "slim": True})
+    os.replace(tmp, folder / "manifest.json")
+    for p in moments:
+        p.unlink()
+    return folder
+
+
+def is_slim(folder: Path) -> bool:
+    return bool(json.loads((Path(folder) / "manifest.json").read_text()).get("slim"))
+
+
 def verify(folder: Path) -> dict:
     """Check a checkpoint against its manifest → its progress.json; CheckpointError names what is wrong."""
     folder = Path(folder)
@@ -137,11 +162,12 @@ def config_of(folder: Path) -> dict:
 
 def load(folder: Path, optimizer, scheduler) -> None:
     """Restore the optimizer, the lr schedule and the torch RNG of a verified checkpoint (the drafter's weights
-    are loaded by the caller, with the model's own `init_from`)."""
+    are loaded by the caller, with the model's own `init_from`). A slim checkpoint restores the schedule and the
+    optimizer's settings; its moments start from zero."""
     from safetensors.torch import load_file
 
     tensors = {}
-    for shard in sorted((Path(folder) / "optimizer").glob("optimizer*.safetensors")):
+    for shard in [] if is_slim(folder) else sorted((Path(folder) / "optimizer").glob("optimizer*.safetensors")):
         tensors.update(load_file(shard))
     meta = json.loads((Path(folder) / "optimizer" / "optimizer.json").read_text())
     state: dict[int, dict] = {}
@@ -151,4 +177,5 @@ def load(folder: Path, optimizer, scheduler) -> None:
             state.setdefault(int(i), {})[name] = v
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
     scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
-    torch.set_rng_state(tensors["torch_rng"])
+    if "torch_rng" in tensors:
+        torch.set_rng_state(tensors["torch_rng"])

@@ -230,7 +230,8 @@ def _resume(cfg: TrainConfig, acc, state: Path, saved: dict, objective, opt, sch
     _check_same_run(state, cfg)
     init_from(acc.unwrap_model(objective).drafter, state / "drafter")
     checkpoint.load(state, opt, sched)
-    acc.print(f"resumed from {state} at step {saved['step']}/{sched.lr_lambdas[0].total}")
+    acc.print(f"resumed from {state} at step {saved['step']}/{sched.lr_lambdas[0].total}"
+              + (" (a slim checkpoint: AdamW's moments restart from zero)" if checkpoint.is_slim(state) else ""))
     return saved["step"], saved.get("epochs")
 
 
