@@ -3,12 +3,14 @@
 import json
 
 import numpy as np
+import pytest
 
 from hf_dspark.decoding.stats import Round
 from hf_dspark.training.calibration import (
     cumulative,
     ece,
     ece_floor,
+    ece_floor_per_position,
     ece_per_position,
     fit_sts,
     reliability_plot,
@@ -67,7 +69,33 @@ def test_a_bias_fixes_a_shifted_head_that_a_temperature_cannot():
     temps, biases = fit_sts(z, y, v)
     assert b0 == [0.0] * 2 and -1.3 < biases[0] < -0.7, biases
     shifted, fixed = ece_per_position(z, y, v, t_only), ece_per_position(z, y, v, temps, biases)
-    assert fixed[0] < 0.5 * shifted[0] and fixed[0] < 0.02, (shifted, fixed)
+    floor = ece_floor_per_position(z, v, temps, biases)
+    assert fixed[0] < 0.5 * shifted[0] and all(f < 1.2 * fl for f, fl in zip(fixed, floor)), (shifted, fixed, floor)
+
+
+def test_the_fit_stays_in_its_bounds_and_does_not_chase_a_small_sample():
+    """A calibrated head seen on a few dozen rounds per position: the fit stays near T = 1, b = 0 (the prior and
+    the log loss do not chase the sample's noise into a grid corner, as an ECE-minimising fit did) and is no worse
+    than the raw head on fresh rounds. Labels that no scaling can reach keep T and b on their bounds."""
+    rng = np.random.default_rng(3)
+
+    def rounds(n):
+        true_z = rng.normal(0.0, 1.5, size=(n, 7))
+        return true_z, np.cumprod(rng.random(true_z.shape) < 1 / (1 + np.exp(-true_z)), axis=1).astype(float)
+
+    z, y = rounds(60)
+    v = np.ones_like(y, bool)
+    temps, biases = fit_sts(z, y, v)
+    assert all(0.5 <= t <= 4.0 for t in temps) and all(-1.5 <= b <= 1.5 for b in biases)
+    labelled = [k for k in range(7) if y[:, k].sum() >= 3]
+    assert all(abs(np.log(temps[k])) < 0.6 and abs(biases[k]) < 0.8 for k in labelled), (temps, biases)
+    z2, y2 = rounds(20000)
+    fresh, raw = ece_per_position(z2, y2, v[:1].repeat(20000, 0), temps, biases), \
+        ece_per_position(z2, y2, v[:1].repeat(20000, 0), [1.0] * 7)
+    assert np.mean(fresh) < np.mean(raw) + 0.01, (fresh, raw)
+    always = np.ones((50, 2))  # every draft survives, even at very negative logits: pushes T and b to the edges
+    t_edge, b_edge = fit_sts(np.full((50, 2), -3.0), always, np.ones((50, 2), bool))
+    assert t_edge[0] == pytest.approx(4.0) and b_edge[0] == pytest.approx(1.5), (t_edge, b_edge)
 
 
 def test_rounds_to_arrays_inverts_the_scaling_and_drops_after_stop(tmp_path):
