@@ -73,6 +73,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         cache yet) → (candidate_ids [1, cur_len + ℓ], candidate_logits [1, ℓ, V] float32 or None)."""
         if is_first_iteration:  # the target must prefill first: we have no hidden states yet
             self.stats.prompt_tokens = input_ids.shape[1]
+            if self.ngrams is not None:  # lookups match suffixes of the answer only (ngram.py)
+                self.ngrams.answer_start = input_ids.shape[1]
             self.stats.started = time.perf_counter()
             return input_ids, None
         t0 = time.perf_counter()

@@ -164,15 +164,18 @@ def test_drafts_only_what_the_policy_can_verify(llama, policy, drafts, monkeypat
 
 @pytest.mark.parametrize("policy, cap", [("all", BLOCK), (2, 2), (0, 0)])
 def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
-    """drafter.ngram_drafts: every round whose last 2-4 tokens occurred before verifies exactly the tokens that
+    """drafter.ngram_drafts: every round whose last 2-4 answer tokens occurred before verifies exactly the tokens that
     followed their latest earlier occurrence (tests/decoding/test_ngram.py's brute force), up to the policy's cap and the
     length limit, and only the other rounds consult the draft gate; the output stays identical."""
     from hf_dspark.decoding.policy import VerifyPolicy
     from tests.decoding.test_ngram import brute_force
 
-    recorded = []
-    real_record = VerifyPolicy.record
+    from hf_dspark.decoding.ngram import NgramIndex
+
+    recorded, starts = [], set()
+    real_record, real_draft = VerifyPolicy.record, NgramIndex.draft
     monkeypatch.setattr(VerifyPolicy, "record", lambda self, *a: (recorded.append(a), real_record(self, *a))[1])
+    monkeypatch.setattr(NgramIndex, "draft", lambda self, n: (starts.add(self.answer_start), real_draft(self, n))[1])
     drafter = drafter_for(llama)
     drafter.verify_policy, drafter.ngram_drafts = policy, True
     max_new = 60
@@ -181,12 +184,12 @@ def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
     seq = plain[0, : PROMPT.shape[1] + 1].tolist()  # the prompt and the prefill's token
     for r in st.rounds:
         room = PROMPT.shape[1] + max_new - len(seq) - 1
-        expected = brute_force(seq, min(cap, room))
+        expected = brute_force(seq, min(cap, room), answer_start=PROMPT.shape[1])  # the suffix lies in the answer
         assert (r.source == "ngram") == bool(expected), (r, expected)
         if expected:
             assert r.tokens == expected and r.verified == r.drafted == len(expected) and r.confidence == []
         seq += r.new_tokens
-    assert seq == plain[0].tolist()
+    assert seq == plain[0].tolist() and starts == {PROMPT.shape[1]}  # the index knows where the answer starts
     assert len(recorded) == sum(r.source == "dspark" for r in st.rounds)
     assert (st.ngram_rounds > 0) == (cap > 0)
     assert (sum(r.accepted for r in st.rounds if r.source == "ngram") > 0) == (cap > 0)  # and some are kept

@@ -8,10 +8,11 @@ import pytest
 from hf_dspark.decoding.ngram import NgramIndex
 
 
-def brute_force(seq, num, min_ngram=2, max_ngram=4):
-    """The tokens after the latest earlier occurrence of the longest suffix n-gram (max..min), or []."""
+def brute_force(seq, num, min_ngram=2, max_ngram=4, answer_start=0):
+    """The tokens after the latest earlier occurrence of the longest suffix n-gram (max..min, within
+    seq[answer_start:]), or []."""
     end = len(seq)
-    for n in range(min(max_ngram, end - 1), min_ngram - 1, -1):
+    for n in range(min(max_ngram, end - 1, end - answer_start), min_ngram - 1, -1):
         for start in range(end - n - 1, -1, -1):  # occurrences ending before the last token, latest first
             if seq[start:start + n] == seq[end - n:]:
                 return seq[start + n:start + n + num]
@@ -55,3 +56,19 @@ def test_bad_sizes_are_named():
         NgramIndex(min_ngram=3, max_ngram=2)
     with pytest.raises(ValueError, match="min_ngram"):
         NgramIndex(min_ngram=0)
+
+
+def test_the_matched_suffix_lies_in_the_answer():
+    """After a prompt, a suffix that reaches back into it (the template's last token + the answer's first) is not
+    looked up; once the answer holds the n-gram itself it is, against the whole sequence."""
+    idx = NgramIndex()
+    prompt = [5, 1, 2, 3, 4, 9, 1]  # ... "\n"=1 then the answer starts
+    idx.extend(prompt)
+    idx.answer_start = len(prompt)
+    idx.extend([2])  # the answer's first token: the 2-gram (1, 2) occurred in the prompt, but reaches into it
+    assert idx.draft(3) == []
+    idx.extend([3])  # (2, 3) lies in the answer and occurred in the prompt
+    assert idx.draft(3) == [4, 9, 1]
+    whole = NgramIndex()
+    whole.extend(prompt + [2])
+    assert whole.draft(3) == [3, 4, 9]  # answer_start 0: anywhere, as before
