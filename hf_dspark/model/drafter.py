@@ -9,10 +9,14 @@ with it, attached by `bind(target)`.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding, rotate_half
 
 from . import deepspec
@@ -207,6 +211,15 @@ class DSparkDraftModel(PreTrainedModel):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save, then drop a weights index that names shards no longer there: an earlier sharded save
+        into the same folder leaves it behind when this save writes one file (a calibrated checkpoint, say)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        index = Path(save_directory) / SAFE_WEIGHTS_INDEX_NAME
+        if index.exists() and any(not (index.parent / f).exists()
+                                  for f in set(json.loads(index.read_text())["weight_map"].values())):
+            index.unlink()
 
     def set_draft_vocab(self, token_ids) -> DSparkDraftModel:
         """Draft from these token ids only (e.g. the most frequent ones in the target's own answers; include EOS).

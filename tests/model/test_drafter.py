@@ -30,6 +30,21 @@ def test_save_load_round_trip_stores_no_target_weights(tmp_path):
     assert x.tolist() == y.tolist()
 
 
+def test_a_one_file_save_over_a_sharded_one_leaves_no_stale_index(tmp_path):
+    """A checkpoint saved in shards, then saved again as one file into the same folder (what calibrating a training
+    checkpoint in place does): the old index, naming shards that are gone, is removed; a sharded save keeps its own."""
+    model = tiny_target()
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
+    drafter.save_pretrained(tmp_path, max_shard_size="20KB")
+    index = tmp_path / "model.safetensors.index.json"
+    assert index.exists() and len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    drafter.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not index.exists()
+    assert not list(tmp_path.glob("model-*.safetensors"))
+    again = DSparkDrafter.from_pretrained(tmp_path, target=model)
+    assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
+
+
 def test_drafter_confidences_follow_the_calls_temperature():
     """draft(temperature=) and confidence_probs scale raw logits with that temperature's entry."""
     drafter = drafter_for(tiny_target())
