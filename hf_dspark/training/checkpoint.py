@@ -97,8 +97,12 @@ def _write_manifest(folder: Path, step: int) -> None:
     for p in files:  # the data must be on disk before the manifest vouches for it
         with open(p, "rb") as f:
             os.fsync(f.fileno())
-    entries = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
-    _write_json(folder / "manifest.json", {"step": step, "files": entries})
+    _write_json(folder / "manifest.json", {"step": step, "files": _entries(folder, files)})
+
+
+def _entries(folder: Path, files) -> dict:
+    """A manifest's file list: each file's path in `folder`, size and sha256."""
+    return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
 
 
 def _publish(partial: Path, final: Path) -> None:
@@ -121,9 +125,8 @@ def slim(folder: Path) -> Path:
     step = verify(folder)["step"]
     moments = [p for p in (folder / "optimizer").iterdir() if p.name.endswith((".safetensors", ".safetensors.index.json"))]
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p not in moments and p.name != "manifest.json")
-    entries = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}
     tmp = folder / "manifest.json.partial"
-    _write_json(tmp, {"step": step, "files": entries, "slim": True})
+    _write_json(tmp, {"step": step, "files": _entries(folder, files), "slim": True})
     os.replace(tmp, folder / "manifest.json")
     for p in moments:
         p.unlink()
