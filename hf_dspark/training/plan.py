@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -63,13 +64,17 @@ class DataPlan:
         self.records, self.batch_size, self.seed = records, batch_size, seed
         self.epochs = list(epochs or [])
         self.mix = {s: float(w) for s, w in (mix or {}).items()}
-        sources = {source_of(r["id"]) for r in records}
+        counts = Counter(source_of(r["id"]) for r in records)
+        sources = set(counts)
         unknown = sorted(set(self.mix) - sources)
         if unknown:
             raise ValueError(f"mix names {', '.join(map(repr, unknown))}, which no training answer comes from "
                              f"(sources: {', '.join(sorted(sources))})")
         if any(w < 0 for w in self.mix.values()):
             raise ValueError(f"mix weights must be >= 0, got {self.mix}")
+        if self.mix and sum(n * self.mix.get(s, 1.0) for s, n in counts.items()) < batch_size:
+            raise ValueError(f"mix {self.mix} leaves fewer records than one batch of {batch_size} "
+                             "(every source with answers dropped or nearly)")
         for e in self.epochs:
             if len(records) < e["size"] or _digest(records[: e["size"]]) != e["digest"]:
                 raise ValueError(f"the training data no longer starts with the {e['size']} records an earlier epoch "

@@ -90,3 +90,11 @@ def test_mix_refuses_a_source_the_stream_does_not_hold():
 
     with pytest.raises(ValueError, match="'chta'.*sources: chat, math"):
         DataPlan(_stream({"math": 2, "chat": 2}), batch_size=2, seed=0, mix={"chta": 2})
+
+
+def test_mix_that_drops_every_source_is_refused_by_name():
+    from hf_dspark.training.plan import DataPlan
+
+    with pytest.raises(ValueError, match="fewer records than one batch of 2"):
+        DataPlan(_stream({"math": 2, "chat": 2}), batch_size=2, seed=0, mix={"math": 0, "chat": 0})
+    DataPlan(_stream({"math": 2, "chat": 2}), batch_size=2, seed=0, mix={"math": 0})  # one source left: fine
