@@ -4,7 +4,7 @@ without training anything new. This measures, for one drafter's weights:
 
 - the share of each source's answer tokens outside each vocabulary (a label there can never be drafted);
 - simulated validation τ per source (T = 1 / greedy; the trainer's own split and anchors) under each vocabulary;
-- the drafter's round (7 drafts on a 300-token context, decoding.profile._time_drafter) under each, in ms.
+- the drafter's round (7 drafts on a 300-token context, decoding.profile.time_drafter) under each, in ms.
 
     OMP_NUM_THREADS=1 .venv/bin/python research/draft_vocab_size.py runs/smollm2-markov-3/checkpoint-1053/drafter \
         --sizes 8192 16384 32768 0 --out docs/results/draft_vocab_size.json
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import DSparkDrafter
-from hf_dspark.decoding.profile import _Clock, _time_drafter
+from hf_dspark.decoding.profile import time_drafter
 from hf_dspark.io.loading import load_target
 from hf_dspark.training.data import eos_ids, source_of
 from hf_dspark.training.features import FeatureSource
@@ -71,8 +71,7 @@ def main() -> None:
             tau = evaluate(DraftObjective(drafter), feats, val, cfg, pad_id)
         eval_s = time.perf_counter() - t0
         target.to(torch.float32)
-        drafter_ms = 1e3 * _time_drafter(drafter, drafter.config.block_size, 300, 5, 30,
-                                         torch.Generator().manual_seed(0), _Clock(torch.device("cpu")))
+        drafter_ms = 1e3 * time_drafter(drafter, drafter.config.block_size, 300)
         target.to(torch.bfloat16)
         out[name] = {"size": len(vocab) if vocab is not None else drafter.config.vocab_size, "outside": outside,
                      "tau": tau, "drafter_round_ms_float32": drafter_ms, "eval_s": eval_s}

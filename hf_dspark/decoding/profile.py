@@ -323,10 +323,10 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop) -> DeviceP
     rollback_time = statistics.median(rollback)
     # The scheduler never verifies more than max_verified drafts, so decoding drafts only that many: time the
     # round at that size. A cheaper draft can only lower the bound again, never raise it past what was timed.
-    draft = _time_drafter(drafter, gamma, cache_len, warmup, repeats, gen, clock)
+    draft = time_drafter(drafter, gamma, cache_len, warmup, repeats, gen, clock)
     n = max(1, max_verified(verify_time, draft + rollback_time))
     if n < gamma:
-        draft = _time_drafter(drafter, n, cache_len, warmup, repeats, gen, clock)
+        draft = time_drafter(drafter, n, cache_len, warmup, repeats, gen, clock)
     q = lambda xs, p: statistics.quantiles(xs, n=4)[p] if len(xs) > 1 else xs[0]  # noqa: E731
     return DeviceProfile(
         key=profile_key(target, drafter, loop),
@@ -340,11 +340,14 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop) -> DeviceP
     )
 
 
-def _time_drafter(drafter, n: int, cache_len: int, warmup: int, repeats: int, gen: torch.Generator,
-                  clock: _Clock) -> float:
+def time_drafter(drafter, n: int, cache_len: int = 300, warmup: int = 5, repeats: int = 30,
+                 gen: torch.Generator | None = None, clock: _Clock | None = None) -> float:
     """Median seconds of one drafter round as the candidate generator runs it: ingest a few accepted rows into
     the context K/V, then drafter.draft (kernel or PyTorch, as decoding would): one backbone pass over the block,
-    the LM-head rows and sequential head (with sampling) for the first `n` drafts, calibrated confidences."""
+    the LM-head rows and sequential head (with sampling) for the first `n` drafts, calibrated confidences.
+    Random context features of `cache_len` positions (`gen`, default seeded 0); `clock` syncs the device."""
+    gen = torch.Generator().manual_seed(0) if gen is None else gen
+    clock = _Clock(drafter.device) if clock is None else clock
     cfg, dev = drafter.config, drafter.device
     gamma, m = cfg.block_size, len(cfg.target_layer_ids)
     feats = torch.randn(1, cache_len, m * cfg.hidden_size, generator=gen).to(dev, drafter.dtype)

@@ -244,3 +244,9 @@ def test_scheduler_profile_on_a_sliding_window_target_past_its_window():
     drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
     profile = measure_profile(model, drafter, cache_len=4 * window, warmup=0, repeats=1)
     assert profile.cache_len == 4 * window and len(profile.verify_time) == 5
+
+
+def test_time_drafter_times_a_round_with_its_defaults(pair):
+    _, drafter = pair
+    t = prof.time_drafter(drafter, 3, cache_len=16, warmup=1, repeats=3)
+    assert 0 < t < 5
