@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import common
 
-HEAD_TYPES = ("markov", "gated", "rnn", "none")  # model.heads.HEADS' names (kept here: --help imports no torch)
+HEAD_CHOICES = ("markov", "gated", "rnn", "none")  # model.heads.HEADS' names (kept here: --help imports no torch)
 
 
 def add_parser(subparsers) -> None:
@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
     common.add_output(p, "run folder: checkpoint-<step>/ (resumable state, drafter/ inside) and metrics.jsonl",
                       required=True)
     common.add_target(p)
-    p.add_argument("--head", default="markov", choices=HEAD_TYPES, help="sequential head; none = the DFlash ablation")
+    p.add_argument("--head", default="markov", choices=HEAD_CHOICES, help="sequential head; none = the DFlash ablation")
     p.add_argument("--num-layers", type=common.positive, default=2, help="drafter decoder layers")
     p.add_argument("--taps", type=int, nargs="+", default=None,
                    help="tapped target layers (default: spread over the target's depth)")
@@ -39,8 +39,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--save-every", type=common.non_negative, default=100, help="steps between checkpoints (0: end)")
     p.add_argument("--cache-dir", default=None, help="cache target features on disk (for several epochs)")
     p.add_argument("--max-shard-size", default=None, metavar="SIZE",
-                   help="split each saved weight file at SIZE, e.g. 45MB to stay under a file-size limit where "
-                   "checkpoints are stored (default: transformers' own)")
+                   help="split each saved weight file at SIZE, e.g. 100MB (default: transformers' own)")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, anchors and initialisation")
     common.add_threads(p)
     p.add_argument("--time-limit", type=float, default=None, help="minutes; stop early (saving) when reached")

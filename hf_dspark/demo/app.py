@@ -24,8 +24,8 @@ from .models import HEAD_LABELS, load_demo_models
 from .session import (
     MAX_PROMPT_CHARS,
     Request,
-    chat_inputs,
     check_request,
+    demo_inputs,
     policy_for,
     race,
     sampling_kwargs,
@@ -55,7 +55,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
         return drafter, policy, desc + (" + n-gram drafts" if req.ngram else ""), note
 
     def inputs_for(req: Request):
-        return chat_inputs(tok, req.prompt, target.device), dict(max_new_tokens=req.max_new_tokens,
+        return demo_inputs(tok, req.prompt, target.device), dict(max_new_tokens=req.max_new_tokens,
                                                                   **sampling_kwargs(req))
 
     def shown(req: Request, p, desc: str, note: str):

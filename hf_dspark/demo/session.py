@@ -70,7 +70,7 @@ def policy_for(req: Request, drafter, profile_fn=None):
     return (lambda conf: min(cap, profile.verify_length(conf))), f"scheduler, ℓ ≤ {cap}", ""
 
 
-def chat_inputs(tok, prompt: str, device) -> dict:
+def demo_inputs(tok, prompt: str, device) -> dict:
     """generate() inputs for a demo prompt (io.prompts.chat_inputs), refused past MAX_PROMPT_TOKENS."""
     inputs = prompts.chat_inputs(tok, prompt, device)
     if inputs["input_ids"].shape[1] > MAX_PROMPT_TOKENS:

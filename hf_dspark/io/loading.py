@@ -13,7 +13,6 @@ import importlib.util
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -216,6 +215,6 @@ def load_target_and_drafter(target: str | None, drafter: str | None, dtype: str 
         return model, tok, DSparkDrafter.from_pretrained(existing(drafter, "drafter"), target=model), drafter
     if target is None:
         return model, tok, load_default_drafter(model), "shipped SmolLM2 drafter"
-    print("warning: no trained drafter given; using a RANDOM drafter (τ≈1, slower than plain generate). "
-          "Train one with `hf-dspark train` or pass --drafter.", file=sys.stderr)
+    logger.warning("no trained drafter given; using a RANDOM drafter (τ≈1, slower than plain generate). "
+                   "Train one with `hf-dspark train` or pass --drafter.")
     return model, tok, DSparkDrafter.from_target(model), "random (untrained) drafter"

@@ -41,7 +41,7 @@ _FOREIGN = {
     "Eagle3DraftModel": "an Eagle3 drafter (autoregressive, not DSpark)",
     "DFlashDraftModel": "a z-lab DFlash drafter (nested dflash_config, no anchor prediction): not supported",
 }
-HEAD_TYPES = {cls.deepspec_name: name for name, cls in HEADS.items() if cls is not None}  # markov_head_type → ours
+HEAD_TYPE_OF = {cls.deepspec_name: name for name, cls in HEADS.items() if cls is not None}  # markov_head_type → ours
 GEMMA_TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
 CALIBRATION_FILE = "dspark_calibration.json"
 _IGNORED = re.compile(r"(^|\.)(inv_freq|original_inv_freq|\w*_inv_freq|embed_scale)$")  # non-persistent buffers
@@ -159,8 +159,8 @@ def config_from_deepspec(raw: dict) -> DSparkConfig:
     rank = raw["markov_rank"]
     if rank > 0:
         _require(raw, ["markov_head_type"], " (markov_rank > 0)")
-        if raw["markov_head_type"] not in HEAD_TYPES:
-            raise DeepSpecFormatError(f"markov_head_type {raw['markov_head_type']!r} is not one of {sorted(HEAD_TYPES)}")
+        if raw["markov_head_type"] not in HEAD_TYPE_OF:
+            raise DeepSpecFormatError(f"markov_head_type {raw['markov_head_type']!r} is not one of {sorted(HEAD_TYPE_OF)}")
     if raw["enable_confidence_head"]:
         _require(raw, ["confidence_head_with_markov"], " (enable_confidence_head is true)")
     if gemma:
@@ -193,7 +193,7 @@ def config_from_deepspec(raw: dict) -> DSparkConfig:
     return DSparkConfig(
         block_size=raw["block_size"], num_hidden_layers=raw["num_hidden_layers"],
         target_layer_ids=list(raw["target_layer_ids"]), mask_token_id=raw["mask_token_id"],
-        head_type=HEAD_TYPES[raw["markov_head_type"]] if rank > 0 else "none", markov_rank=rank,
+        head_type=HEAD_TYPE_OF[raw["markov_head_type"]] if rank > 0 else "none", markov_rank=rank,
         confidence_head=bool(raw["enable_confidence_head"]),
         confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", False)),
         qk_norm=True, layer_variant=ARCHITECTURES[arch], target_num_hidden_layers=raw["num_target_layers"],
@@ -462,7 +462,7 @@ def to_deepspec_config(drafter, dtype: torch.dtype) -> dict:
         layer_types=["full_attention"] * c.num_hidden_layers, dtype=str(dtype).removeprefix("torch."),
     )
     if rank:
-        raw["markov_head_type"] = {v: k for k, v in HEAD_TYPES.items()}[c.head_type]
+        raw["markov_head_type"] = {v: k for k, v in HEAD_TYPE_OF.items()}[c.head_type]
     if c.confidence_head:
         raw["confidence_head_with_markov"] = bool(c.confidence_head_with_markov and rank > 0)
     raw["transformers_version"] = transformers.__version__

@@ -9,19 +9,18 @@ with it, attached by `bind(target)`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRotaryEmbedding, rotate_half
 
 from . import deepspec
 from .binding import default_mask_token_id, load_strict, placement, validate_pair
 from .config import DSparkConfig
+from .files import INDEX, index_shards
 from .heads import ConfidenceHead, DraftBlock, build_head, draft_block, fuse_context
 from .variants import VARIANTS
 
@@ -216,9 +215,8 @@ class DSparkDraftModel(PreTrainedModel):
         """transformers' save, then drop a weights index that names shards no longer there: an earlier sharded save
         into the same folder leaves it behind when this save writes one file (a calibrated checkpoint, say)."""
         super().save_pretrained(save_directory, *args, **kwargs)
-        index = Path(save_directory) / SAFE_WEIGHTS_INDEX_NAME
-        if index.exists() and any(not (index.parent / f).exists()
-                                  for f in set(json.loads(index.read_text())["weight_map"].values())):
+        index = Path(save_directory) / INDEX
+        if index.exists() and any(not (index.parent / f).exists() for f in index_shards(index)):
             index.unlink()
 
     def set_draft_vocab(self, token_ids) -> DSparkDraftModel:

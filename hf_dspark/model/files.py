@@ -33,6 +33,11 @@ def resolve(path, filename: str, kwargs: dict) -> Path | None:
     return Path(found) if found else None
 
 
+def index_shards(index: Path) -> list[str]:
+    """The shard file names a weights index (`model.safetensors.index.json`) maps its tensors to, sorted."""
+    return sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+
+
 def weight_files(path, **kwargs) -> list[Path]:
     """`model.safetensors`, or the shards named by `model.safetensors.index.json`. Never pickles."""
     single = resolve(path, WEIGHTS, kwargs)
@@ -41,7 +46,7 @@ def weight_files(path, **kwargs) -> list[Path]:
     index = resolve(path, INDEX, kwargs)
     if index is None:
         raise CheckpointFilesError(f"{path}: no {WEIGHTS} and no {INDEX} (weights are read from safetensors only)")
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    shards = index_shards(index)
     files = [resolve(path, s, kwargs) for s in shards]
     missing = [s for s, f in zip(shards, files) if f is None]
     if missing:

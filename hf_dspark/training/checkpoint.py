@@ -43,7 +43,7 @@ def save(out: Path, step: int, drafter, optimizer, scheduler, epochs: list[dict]
          max_shard_size: str | None = None) -> Path:
     """Write the run's state at `step` atomically (module docstring): `scheduler` runs a `schedule.lr_lambda`
     (its planned total and re-plans are saved), `epochs` are the data plan's; max_shard_size: split weight files at
-    this size ("45MB"; None: transformers' default). Returns the checkpoint folder."""
+    this size ("100MB"; None: transformers' default). Returns the checkpoint folder."""
     out = Path(out)
     plan = scheduler.lr_lambdas[0]
     progress = {"total": plan.total, "epochs": epochs, **({"replans": plan.replans} if plan.replans else {})}

@@ -49,13 +49,9 @@ def answer_prompts(path: str | Path, suffix: str | None = None) -> list[dict]:
 
 
 def eval_keys(paths: list[str | Path]) -> set[str]:
-    keys = set()
-    for p in paths:
-        with open(p) as f:
-            for line in f:
-                if line.strip():
-                    keys.update(normalize(t) for t in json.loads(line)["turns"])
-    return keys
+    """The evaluation prompts of `paths` (prompt files, io.prompts: the prompts the package ever reads) as
+    `normalize` keys."""
+    return {normalize(text) for p in paths for _, text in prompts.read_prompts(p)}
 
 
 def check_excluded(prompts: list[dict], exclude: list[str | Path]) -> None:

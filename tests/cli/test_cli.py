@@ -37,7 +37,7 @@ def test_cli_constants_are_the_librarys():
     from hf_dspark.io.loading import DTYPES
     from hf_dspark.model.heads import HEADS
 
-    assert set(train.HEAD_TYPES) == set(HEADS)
+    assert set(train.HEAD_CHOICES) == set(HEADS)
     assert set(common.DTYPES) - {"auto"} <= set(DTYPES)
     assert demo.MAX_NEW_TOKENS == MAX_NEW_TOKENS and bench.TIE_TOLERANCE == TIE_TOLERANCE
 
