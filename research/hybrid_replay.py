@@ -1,4 +1,4 @@
-"""Replay a greedy `hf-dspark bench` run offline to compare draft-source policies (how drafter.ngram_drafts's
+"""Replay a greedy `hf-dspark bench` run offline to compare draft-source policies (how drafter.options.ngram_drafts's
 n-gram rules were chosen; research/record/benchmarks.md, "DSpark + n-gram drafts").
 
 Greedy decoding is lossless, so every method commits the same tokens: the run's output per prompt fixes what

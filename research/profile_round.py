@@ -77,7 +77,7 @@ def main():
                 lambda: drafter.draft(kv, prefix, n, weights=(vocab, lm_rows, w2)))
     prompt = tok.apply_chat_template([{"role": "user", "content": "Explain photosynthesis in two sentences."}],
                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    drafter.verify_policy = int(a.policy) if a.policy.isdigit() else a.policy
+    drafter.options.verify_policy = int(a.policy) if a.policy.isdigit() else a.policy
     model.generate(**prompt, max_new_tokens=16, assistant_model=drafter)
     t0 = time.perf_counter()
     model.generate(**prompt, max_new_tokens=64, min_new_tokens=64, assistant_model=drafter)

@@ -151,17 +151,17 @@ def run(model_type: str) -> Outcome:
     # measured past the sliding window (16) as `hf-dspark profile` would, then used by both scheduler policies
     profile = measure_profile(model, drafter, cache_len=64, warmup=0, repeats=1)
     for policy, ngrams in (("all", False), ("scheduler", False), (2, False), ("auto", True)):  # the last: defaults
-        drafter.verify_policy, drafter.ngram_drafts = policy, ngrams
-        drafter.device_profile = profile if policy in ("scheduler", "auto") else None
+        drafter.options.verify_policy, drafter.options.ngram_drafts = policy, ngrams
+        drafter.options.device_profile = profile if policy in ("scheduler", "auto") else None
         with oracle_drafts(plain):
             spec = greedy(model, PROMPT, assistant_model=drafter)
         assert spec.tolist() == plain.tolist(), f"{model_type}: greedy output differs under verify_policy={policy!r}"
-    drafter.verify_policy, drafter.device_profile, drafter.ngram_drafts = "all", None, True
+    drafter.options.verify_policy, drafter.options.device_profile, drafter.options.ngram_drafts = "all", None, True
     with oracle_drafts(plain), oracle_ngrams(plain, vocab=model.get_output_embeddings().weight.shape[0]):
         spec = greedy(model, PROMPT, assistant_model=drafter)
     assert spec.tolist() == plain.tolist(), f"{model_type}: greedy output differs with n-gram drafts"
     assert drafter.last_stats.ngram_rounds > 0, f"{model_type}: no n-gram round ran"
-    drafter.ngram_drafts = False
+    drafter.options.ngram_drafts = False
     torch.manual_seed(0)
     sampled = model.generate(PROMPT, do_sample=True, max_new_tokens=NEW_TOKENS, assistant_model=drafter)
     assert sampled.shape[1] == PROMPT.shape[1] + NEW_TOKENS, f"{model_type}: the sampled run stopped early"

@@ -141,10 +141,10 @@ def setup(head="markov", block=3, seed=0, draft_vocab=None, eos=None):
 
 @contextlib.contextmanager
 def ngram_drafts(drafter, min_ngram):
-    """drafter.ngram_drafts on, with n-grams down to `min_ngram` tokens (the shipped index starts at 2)."""
+    """drafter.options.ngram_drafts on, with n-grams down to `min_ngram` tokens (the shipped index starts at 2)."""
     real = candidate.NgramIndex
     candidate.NgramIndex = functools.partial(NgramIndex, min_ngram=min_ngram)
-    drafter.ngram_drafts = True
+    drafter.options.ngram_drafts = True
     try:
         yield
     finally:
@@ -169,6 +169,6 @@ def scheduled_setup(policy, verify_time=GENTLE):
     """setup()'s pair with spread confidences, a synthetic profile on `verify_time` and `policy`."""
     model, drafter = setup(head="markov")
     spread_confidence(drafter)
-    drafter.device_profile = synthetic_profile(model, drafter, verify_time)
-    drafter.verify_policy = policy
+    drafter.options.device_profile = synthetic_profile(model, drafter, verify_time)
+    drafter.options.verify_policy = policy
     return model, drafter

@@ -71,12 +71,12 @@ def test_inputs_embeds_prompt_is_exact(llama, with_ids):
     drafter = DSparkDrafter.from_target(llama, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
     # every round drafts: under "auto" the draft gate follows a profile measured on this machine, and on a loaded
     # one it may skip drafting altogether, leaving nothing for the assertions below to check
-    drafter.verify_policy = "all"
+    drafter.options.verify_policy = "all"
     embeds = llama.get_input_embeddings()(PROMPT)
     ids = dict(input_ids=PROMPT) if with_ids else {}
     plain = llama.generate(inputs_embeds=embeds, **ids, do_sample=False, max_new_tokens=30)
     assert plain.tolist() == llama.generate(PROMPT, do_sample=False, max_new_tokens=30)[:, -plain.shape[1]:].tolist()
-    drafter.ngram_drafts = True
+    drafter.options.ngram_drafts = True
     with oracle_drafts(plain):  # plain is in input_ids' coordinates (no prompt ids when embeds-only), as drafts are
         spec = llama.generate(inputs_embeds=embeds, **ids, do_sample=False, max_new_tokens=30, assistant_model=drafter)
     assert spec.tolist() == plain.tolist()

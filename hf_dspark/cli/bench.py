@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                    help="DSpark verify policies to run, comma separated (default: verify-all, the old default, and "
                         "auto+ngram, the library's default): auto, all, scheduler, an int k (static length), "
                         "threshold:T (static confidence threshold); a '+ngram' suffix (scheduler+ngram) adds "
-                        "n-gram drafts (drafter.ngram_drafts)")
+                        "n-gram drafts (drafter.options.ngram_drafts)")
     common.add_dtype(p, help="target dtype; below float32 a float32 copy of the target judges greedy mismatches")
     p.add_argument("--tie-tolerance", type=float, default=TIE_TOLERANCE,
                    help="bf16/fp16: largest float32 logit gap at which a greedy mismatch counts as a near-tie")

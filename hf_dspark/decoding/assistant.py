@@ -28,27 +28,16 @@ class DSparkDrafter(DSparkDraftModel):
     `DSparkDrafter.from_pretrained(path, target=model)` for a trained one; then
     `model.generate(..., assistant_model=drafter)`.
 
-    `drafter.options` (DecodingOptions) are its defaults, also reachable as `drafter.verify_policy`,
-    `drafter.ngram_drafts`, `drafter.device_profile` and `drafter.loop`; after each `generate`, `drafter.last_stats` holds the
-    run's metrics (DSparkStats).
+    `drafter.options` (DecodingOptions: verify_policy, ngram_drafts, device_profile, loop) are its run-time defaults,
+    set there (`drafter.options.verify_policy = "all"`, or `drafter.options = DecodingOptions(...)`) or per call with
+    `model.generate(..., assistant_model=drafter, dspark_options=DecodingOptions(...))`; after each `generate`,
+    `drafter.last_stats` holds the run's metrics (DSparkStats).
     """
 
     def __init__(self, config):
         super().__init__(config)
         self.options = DecodingOptions()
         self.last_stats = None
-
-    verify_policy = property(lambda self: self.options.verify_policy,
-                             lambda self, v: setattr(self.options, "verify_policy", v),
-                             doc="options.verify_policy: drafts verified per round (decoding/policy.py)")
-    ngram_drafts = property(lambda self: self.options.ngram_drafts,
-                            lambda self, v: setattr(self.options, "ngram_drafts", v),
-                            doc="options.ngram_drafts: free n-gram drafts where the context repeats")
-    device_profile = property(lambda self: self.options.device_profile,
-                              lambda self, v: setattr(self.options, "device_profile", v),
-                              doc="options.device_profile: the scheduler's DeviceProfile (None: cached/measured)")
-    loop = property(lambda self: self.options.loop, lambda self, v: setattr(self.options, "loop", v),
-                    doc='options.loop: the decoding loop, "assisted" (transformers\') or DSpark\'s "static"/"compiled"')
 
     def bind(self, target) -> DSparkDrafter:
         """Check that speculative decoding can be exact on `target` and that the pair fits, share its embedding,

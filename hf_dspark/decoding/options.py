@@ -1,8 +1,11 @@
 """DecodingOptions: the drafter's run-time knobs, one typed object (`drafter.options`).
 
-transformers keeps assistant options on the assistant, so `generate()` keeps its signature; the drafter
-also exposes each field as an attribute (`drafter.verify_policy = "scheduler"`, `drafter.ngram_drafts = True`,
-`drafter.device_profile = profile`, `drafter.loop = "compiled"`). The command line's text forms are parsed here, once:
+transformers keeps assistant options on the assistant, so `generate()` keeps its signature: the drafter's defaults
+live in one place, `drafter.options` (`drafter.options.verify_policy = "scheduler"`, `drafter.options.ngram_drafts =
+True`, `drafter.options.device_profile = profile`, `drafter.options.loop = "compiled"`, or a whole
+`drafter.options = DecodingOptions(...)`), and one call can pass its own:
+`model.generate(..., assistant_model=drafter, dspark_options=DecodingOptions(loop="static"))`.
+The command line's text forms are parsed here, once:
 
     DecodingOptions.parse("scheduler+ngram")  →  DecodingOptions(verify_policy="scheduler", ngram_drafts=True)
     DecodingOptions.parse("all")              →  DecodingOptions(verify_policy="all", ngram_drafts=False)

@@ -1,22 +1,25 @@
-"""How many of a round's drafts go to verification: the drafter-level knob `drafter.verify_policy`.
+"""How many of a round's drafts go to verification: the drafter-level knob `drafter.options.verify_policy`.
 
-The drafter carries its default options (transformers keeps assistant options on the assistant); one call can
-pass others, `generate(..., dspark_options=DecodingOptions(...))`, without changing the drafter (routing.py):
+The drafter carries its default options in `drafter.options` (transformers keeps assistant options on the
+assistant); one call can pass others, `generate(..., dspark_options=DecodingOptions(...))`, without changing the
+drafter (routing.py):
 
-    drafter.verify_policy = "auto"             # default: "scheduler" below where the drafter has a confidence
-                                               # head, else a static length of the profile's reach; both behind
-                                               # the draft gate (the best lossless choice the profile supports)
-    drafter.verify_policy = "all"              # verify every drafted token (fixed length γ; can be slower
-                                               # than plain generate: nothing gates it)
-    drafter.verify_policy = 3                  # static length: verify min(3, drafted) tokens (0 allowed)
-    drafter.verify_policy = ("threshold", .5)  # up to the first position whose calibrated c_k < 0.5
-    drafter.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile,
-                                               # which also skips drafting while drafts do not pay (DraftGate)
-    drafter.device_profile = profile           # optional: the DeviceProfile to use (else the cached one for
-                                               # this target/device, measured once on first use)
-    drafter.ngram_drafts = True                # default, any policy: a round whose last 2-4 tokens occurred
-                                               # before verifies the tokens that followed them instead (ngram.py);
-                                               # under "auto"/"scheduler" as many as the scheduler finds worth it
+    drafter.options.verify_policy = "auto"             # default: "scheduler" below where the drafter has a
+                                                       # confidence head, else a static length of the profile's
+                                                       # reach; both behind the draft gate (the best lossless
+                                                       # choice the profile supports)
+    drafter.options.verify_policy = "all"              # verify every drafted token (fixed length γ; can be slower
+                                                       # than plain generate: nothing gates it)
+    drafter.options.verify_policy = 3                  # static length: verify min(3, drafted) tokens (0 allowed)
+    drafter.options.verify_policy = ("threshold", .5)  # up to the first position whose calibrated c_k < 0.5
+    drafter.options.verify_policy = "scheduler"        # hardware-aware prefix scheduler on the device profile,
+                                                       # which also skips drafting while drafts do not pay (DraftGate)
+    drafter.options.device_profile = profile           # optional: the DeviceProfile to use (else the cached one
+                                                       # for this target/device, measured once on first use)
+    drafter.options.ngram_drafts = True                # default, any policy: a round whose last 2-4 tokens occurred
+                                                       # before verifies the tokens that followed them instead
+                                                       # (ngram.py); under "auto"/"scheduler" as many as the
+                                                       # scheduler finds worth it
 
 A callable `policy(conf [n] | None) -> int` is accepted too, for experiments and tests; it must honour the
 non-anticipation rule (docs/scheduler.md), which nothing here can check.
@@ -101,7 +104,7 @@ class VerifyPolicy:
             self.ngram_survival = SurvivalEstimate()
         else:
             raise ValueError(
-                f"drafter.verify_policy must be 'auto', 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "
+                f"verify_policy must be 'auto', 'all', an int k >= 0, ('threshold', t) with t in [0, 1], "
                 f"'scheduler' or a callable; got {spec!r}"
             )
         if self.needs_confidence and drafter.confidence_head is None and not callable(spec):
@@ -185,7 +188,7 @@ def _profile_for(drafter, target, profile, loop: str):
     key = profile_key(target, drafter, loop)
     if profile.key != key:
         raise ProfileMismatchError(
-            f"drafter.device_profile was measured for {profile.key}, but this generate runs {key}; "
+            f"device_profile was measured for {profile.key}, but this generate runs {key}; "
             "pass device_profile=None to use (or measure) the profile for this setup"
         )
     return profile

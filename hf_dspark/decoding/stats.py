@@ -5,8 +5,8 @@
 - acceptance_rate[k] (vLLM's per-position rate) = rounds whose k-th draft was accepted / rounds that drafted ≥ k.
 - conditional_acceptance[k] = P(draft k accepted | drafts 1..k-1 accepted and draft k verified).
 - drafted_rounds = rounds that drafted at all (the scheduler's draft gate makes plain steps, which count as
-  rounds of τ = 1); ngram_rounds = those whose drafts were n-grams from the context (drafter.ngram_drafts), not the
-  drafter's. Per-position rates pool both kinds: they describe the method as run.
+  rounds of τ = 1); ngram_rounds = those whose drafts were n-grams from the context
+  (drafter.options.ngram_drafts), not the drafter's. Per-position rates pool both kinds: they describe the method as run.
 """
 
 from __future__ import annotations

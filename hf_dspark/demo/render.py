@@ -9,7 +9,7 @@ target's own token at position a+1 (a correction if a draft was rejected there, 
     target     new_tokens[a:]             bonus / correction token from the target's own distribution
 
 Discarded drafts (rejected, trimmed) are shown struck through right before the target token that took
-their place. Drafts copied from the context (drafter.ngram_drafts) are underlined with dots. Drafts past the user's block-size cap are not shown: they were never candidates.
+their place. Drafts copied from the context (drafter.options.ngram_drafts) are underlined with dots. Drafts past the user's block-size cap are not shown: they were never candidates.
 Every piece of text that reaches HTML goes through `esc`, model output included.
 """
 

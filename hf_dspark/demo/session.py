@@ -30,7 +30,7 @@ class Request:
     block: int = 7  # drafts the verifier may see per round (≤ the drafter's γ)
     scheduler: bool = True  # the library's default policy ("auto": scheduler + draft gate on the device profile)
     head: str = "Markov"
-    ngram: bool = True  # drafter.ngram_drafts (the library's default): copy drafts where the context repeats
+    ngram: bool = True  # DecodingOptions.ngram_drafts (the library's default): copy drafts where the context repeats
 
 
 def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_TOKENS) -> Request:
@@ -47,7 +47,7 @@ def check_request(req: Request, block_size: int, max_new_tokens: int = MAX_NEW_T
 
 
 def policy_for(req: Request, drafter, profile_fn=None):
-    """(drafter.verify_policy value, readable description, note or '') for the controls.
+    """(a DecodingOptions.verify_policy value, readable description, note or '') for the controls.
 
     With the scheduler box and the full block: the library's default policy, "auto" (the scheduler and its draft
     gate on the device profile; without a confidence head, the profile's reach behind the same gate). Block

@@ -38,7 +38,8 @@ from .referee import TIE_TOLERANCE, judge_divergence
 class Method:
     """A way to generate: `extra` are generate() kwargs; `fresh(longest)` (optional) makes kwargs that must be new
     at every call (a static cache of `longest` = the longest prompt + max_new_tokens positions); `drafter`
-    (optional) with its `policy`, and whether it takes n-gram drafts when it can (`ngram`: drafter.ngram_drafts)."""
+    (optional) with its `policy`, and whether it takes n-gram drafts when it can (`ngram`:
+    drafter.options.ngram_drafts)."""
 
     name: str
     extra: dict = field(default_factory=dict)
@@ -260,7 +261,7 @@ def plot(res: dict, path: Path) -> None:
 
 def policy_name(policy, ngram: bool = False) -> str:
     """The method name of DSpark under a verify policy: dspark, dspark+auto (the default policy), dspark+scheduler,
-    dspark-k3, dspark-threshold-0.5; with n-gram drafts (drafter.ngram_drafts) a "+ngram" suffix."""
+    dspark-k3, dspark-threshold-0.5; with n-gram drafts (drafter.options.ngram_drafts) a "+ngram" suffix."""
     if policy == "all":
         name = "dspark"
     elif policy in ("scheduler", "auto"):

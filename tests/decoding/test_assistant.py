@@ -34,10 +34,24 @@ def test_from_target_and_bind_enable_the_target():
     assert drafter.bind(other) is drafter and other._is_dspark_enabled and drafter.bound_target is other
 
 
-def test_option_attributes_are_the_options_fields():
-    drafter = DSparkDrafter.from_target(tiny_target(), block_size=3, target_layer_ids=[0, 2])
+def test_options_live_only_in_drafter_options():
+    """The run-time options have one home, `drafter.options` (or dspark_options= per call, test_routing.py): no
+    alias attributes on the drafter, and what is set in `drafter.options` is what the next generate() uses."""
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
     assert drafter.options == DecodingOptions() and drafter.last_stats is None
-    drafter.verify_policy, drafter.ngram_drafts = 2, False
-    assert drafter.options == DecodingOptions(2, ngram_drafts=False)
-    drafter.options = DecodingOptions("all")
-    assert (drafter.verify_policy, drafter.ngram_drafts, drafter.device_profile) == ("all", True, None)
+    for name in ("verify_policy", "ngram_drafts", "device_profile", "loop"):
+        assert not hasattr(DSparkDrafter, name) and not hasattr(drafter, name), name
+    prompt = torch.tensor([[5, 17, 3, 42, 8, 11, 5, 17, 3]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=20)
+    drafter.options.verify_policy, drafter.options.ngram_drafts = 1, False
+    assert drafter.options == DecodingOptions(1, ngram_drafts=False)
+    out = model.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafter)
+    assert out.tolist() == plain.tolist()
+    assert max(r.verified for r in drafter.last_stats.rounds) == 1
+    drafter.options = DecodingOptions("all", ngram_drafts=False)
+    out = model.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafter)
+    assert out.tolist() == plain.tolist()
+    rounds = [r for r in drafter.last_stats.rounds if r.drafted]
+    assert rounds and all(r.verified == r.drafted for r in rounds) and max(r.verified for r in rounds) > 1

@@ -58,7 +58,7 @@ def test_eos_inside_a_draft(ngram):
     eos = int(free[0, PROMPT.shape[1] + 9])  # a token plain decoding emits 10 tokens in
     model = tiny_target(eos=eos)
     drafter = drafter_for(model)
-    drafter.ngram_drafts = ngram
+    drafter.options.ngram_drafts = ngram
     out = assert_identical(model, drafter, max_new_tokens=40)
     assert out.shape[1] < free.shape[1] and out[0, -1] == eos
 
@@ -72,7 +72,7 @@ def test_no_draft_after_a_drafted_stop_token_is_verified(eos_list, ngram):
     eos = int(free[0, PROMPT.shape[1] + 20])
     model = tiny_target(eos=[63, eos] if eos_list else eos)
     drafter = drafter_for(model)
-    drafter.ngram_drafts = ngram
+    drafter.options.ngram_drafts = ngram
     real = DSparkDrafter.draft
 
     def eos_second(self, *a, **k):  # every block drafts EOS at position 2, then more tokens
@@ -111,7 +111,7 @@ def test_drafter_context_matches_a_full_forward(llama, ngram):
     final sequence: the right rows were ingested, at the right positions, none twice (n-gram rounds, whose rows
     wait for the next drafter round, included)."""
     drafter = drafter_for(llama)
-    drafter.ngram_drafts = ngram
+    drafter.options.ngram_drafts = ngram
     seen = {}
     real_init = DSparkCandidateGenerator.__init__
 
@@ -146,7 +146,7 @@ def test_drafts_only_what_the_policy_can_verify(llama, policy, drafts, monkeypat
     """The backbone runs the anchor plus one mask slot per draft the policy can verify (at most the block), and
     the sequential head drafts exactly that many; the output stays identical to plain decoding."""
     drafter = drafter_for(llama)
-    drafter.verify_policy = policy
+    drafter.options.verify_policy = policy
     slots = []
     real = type(drafter).backbone
     monkeypatch.setattr(type(drafter), "backbone", lambda self, e, *a, **k: slots.append(e.shape[1]) or real(self, e, *a, **k))
@@ -164,9 +164,9 @@ def test_drafts_only_what_the_policy_can_verify(llama, policy, drafts, monkeypat
 
 @pytest.mark.parametrize("policy, cap", [("all", BLOCK), (2, 2), (0, 0)])
 def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
-    """drafter.ngram_drafts: every round whose last 2-4 answer tokens occurred before verifies exactly the tokens that
-    followed their latest earlier occurrence (tests/decoding/test_ngram.py's brute force), up to the policy's cap and the
-    length limit, and only the other rounds consult the draft gate; the output stays identical."""
+    """drafter.options.ngram_drafts: every round whose last 2-4 answer tokens occurred before verifies exactly the
+    tokens that followed their latest earlier occurrence (tests/decoding/test_ngram.py's brute force), up to the
+    policy's cap and the length limit, and only the other rounds consult the draft gate; the output stays identical."""
     from hf_dspark.decoding.policy import VerifyPolicy
     from tests.decoding.test_ngram import brute_force
 
@@ -177,7 +177,7 @@ def test_ngram_drafts_greedy_identity(llama, policy, cap, monkeypatch):
     monkeypatch.setattr(VerifyPolicy, "record", lambda self, *a: (recorded.append(a), real_record(self, *a))[1])
     monkeypatch.setattr(NgramIndex, "draft", lambda self, n: (starts.add(self.answer_start), real_draft(self, n))[1])
     drafter = drafter_for(llama)
-    drafter.verify_policy, drafter.ngram_drafts = policy, True
+    drafter.options.verify_policy, drafter.options.ngram_drafts = policy, True
     max_new = 60
     plain = assert_identical(llama, drafter, oracle=False, max_new_tokens=max_new)
     st = drafter.last_stats

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from hf_dspark import DSparkDrafter
+from hf_dspark import DecodingOptions, DSparkDrafter
 from tests.conftest import tiny_target
 from tests.helpers import oracle_drafts
 
@@ -80,7 +80,7 @@ def build(c):
     mask = next(i for i in range(c["vocab"] - 1, -1, -1) if i not in special)
     torch.manual_seed(c["seed"])
     drafter = DSparkDrafter.from_target(model, mask_token_id=mask, **c["drafter"])
-    drafter.verify_policy, drafter.ngram_drafts, drafter.loop = c["policy"], c["ngram"], c["loop"]
+    drafter.options = DecodingOptions(c["policy"], c["ngram"], loop=c["loop"])
     if c["prune"]:
         drafter.set_draft_vocab(list(range(0, c["vocab"], 2)))
     return model, drafter, torch.tensor([c["prompt"]])

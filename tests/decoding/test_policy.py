@@ -15,7 +15,7 @@ from tests.sampling_check import GENTLE, PROMPT, scheduled_setup, setup
 
 def test_bad_policy_is_an_error():
     model, drafter = setup()
-    drafter.verify_policy = "sometimes"
+    drafter.options.verify_policy = "sometimes"
     with pytest.raises(ValueError, match="verify_policy"):
         model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
 
@@ -26,7 +26,7 @@ def test_profile_of_another_setup_is_refused():
     other.config.num_hidden_layers = 4  # another model shape → another key
     prof = synthetic_profile(model, drafter, GENTLE)
     prof.key = profile_key(other, drafter)
-    drafter.device_profile, drafter.verify_policy = prof, "scheduler"
+    drafter.options.device_profile, drafter.options.verify_policy = prof, "scheduler"
     with pytest.raises(ProfileMismatchError):
         model.generate(PROMPT, do_sample=False, max_new_tokens=3, assistant_model=drafter)
 
@@ -37,13 +37,13 @@ def test_ngram_drafts_cap_is_the_best_prefix_reach_at_their_own_overhead():
     (scheduler.best_prefix_reach). A linear curve shows the overheads: with a 5-step drafter 4 drafts can pay,
     with no fixed cost no draft ever can (1 + a tokens for 2 steps)."""
     model, drafter = setup(block=4)
-    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 2.0, 3.0, 4.0, 5.0])
-    drafter.device_profile.draft_time = 5.0
-    policy = VerifyPolicy("scheduler", drafter, model, device_profile=drafter.device_profile)
+    drafter.options.device_profile = synthetic_profile(model, drafter, [1.0, 2.0, 3.0, 4.0, 5.0])
+    drafter.options.device_profile.draft_time = 5.0
+    policy = VerifyPolicy("scheduler", drafter, model, device_profile=drafter.options.device_profile)
     assert (policy.max_drafts, policy.max_ngram_drafts) == (4, 0)
-    drafter.device_profile.rollback_time = 5.0
-    assert VerifyPolicy("scheduler", drafter, model, device_profile=drafter.device_profile).max_ngram_drafts == 4
-    assert VerifyPolicy(2, drafter, model, device_profile=drafter.device_profile).max_ngram_drafts == 2 and VerifyPolicy("all", drafter, model, device_profile=drafter.device_profile).max_ngram_drafts == 4
+    drafter.options.device_profile.rollback_time = 5.0
+    assert VerifyPolicy("scheduler", drafter, model, device_profile=drafter.options.device_profile).max_ngram_drafts == 4
+    assert VerifyPolicy(2, drafter, model, device_profile=drafter.options.device_profile).max_ngram_drafts == 2 and VerifyPolicy("all", drafter, model, device_profile=drafter.options.device_profile).max_ngram_drafts == 4
 
 
 def test_auto_without_a_confidence_head_verifies_the_profiles_reach_behind_the_gate():
@@ -53,13 +53,13 @@ def test_auto_without_a_confidence_head_verifies_the_profiles_reach_behind_the_g
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8,
                                         confidence_head=False)
-    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
-    policy = VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile)
-    reach = max_verified(drafter.device_profile.verify_time)
+    drafter.options.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    policy = VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile)
+    reach = max_verified(drafter.options.device_profile.verify_time)
     assert policy.gate is not None and policy.ngram_survival is not None and not policy.needs_confidence
     assert policy.max_drafts == reach and policy.length(None, 4) == reach and policy.length(None, 1) == 1
     with pytest.raises(ValueError, match="confidence head"):
-        VerifyPolicy("scheduler", drafter, model, device_profile=drafter.device_profile)
+        VerifyPolicy("scheduler", drafter, model, device_profile=drafter.options.device_profile)
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     assert model.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter).tolist() == plain.tolist()
@@ -71,22 +71,22 @@ def test_gate_prior_comes_from_the_calibration_at_the_calls_temperature():
     prior: the policy's own length on the conditional rates and its accepted drafts, priced by the gate on the profile. Another
     temperature, or no calibration, gives no prior."""
     model, drafter = scheduled_setup("auto", [1.0, 1.1, 1.2, 1.3])
-    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=1.0)._gate_prior(1.0) is None  # not calibrated
+    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile, temperature=1.0)._gate_prior(1.0) is None  # not calibrated
     ones = [1.0] * 3
     drafter.config.calibration = [{"temperature": 1.0, "confidence_temperatures": ones, "prefix_survival": [0.8, 0.6, 0.1]}]
-    policy = VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=1.0)
+    policy = VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile, temperature=1.0)
     n = policy.length(torch.tensor([0.8, 0.75, 0.1 / 0.6]), 3)
     assert n == 2  # the third draft (conditional 1/6) does not pay for its 0.1 s on this curve
     assert policy._gate_prior(1.0) == (pytest.approx(0.8 + 0.6), 2)
     assert (policy.gate.accepted, policy.gate.cost) == pytest.approx((1.4, 1.2))  # priced on the profile
-    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=0.7).gate.accepted is None  # nearest is not exact
-    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=0.0).gate.accepted is None
-    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile).gate.accepted is None
+    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile, temperature=0.7).gate.accepted is None  # nearest is not exact
+    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile, temperature=0.0).gate.accepted is None
+    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile).gate.accepted is None
     # a greedy entry beside it: greedy calls start from what greedy measured, T = 1 calls still from theirs
     drafter.config.calibration.append({"temperature": 0.0, "confidence_temperatures": ones,
                                        "prefix_survival": [0.9, 0.9, 0.9]})
-    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=0.0)._gate_prior(0.0) == (pytest.approx(2.7), 3)
-    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.device_profile, temperature=1.0)._gate_prior(1.0) == (pytest.approx(1.4), 2)
+    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile, temperature=0.0)._gate_prior(0.0) == (pytest.approx(2.7), 3)
+    assert VerifyPolicy("auto", drafter, model, device_profile=drafter.options.device_profile, temperature=1.0)._gate_prior(1.0) == (pytest.approx(1.4), 2)
 
 
 def test_static_policies_resolve_their_lengths():

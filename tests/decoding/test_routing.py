@@ -29,7 +29,7 @@ def test_options_per_call_leave_the_drafters_own_untouched():
     import torch
 
     model, drafter = _pair()
-    drafter.verify_policy = 1  # the drafter's own default: one draft verified per round
+    drafter.options.verify_policy = 1  # the drafter's own default: one draft verified per round
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11, 5, 17, 3]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=20)
     out = model.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafter,
@@ -224,7 +224,7 @@ def test_custom_stopping_criteria_stop_exactly(llama, ngram):
     free = llama.generate(PROMPT, do_sample=False, max_new_tokens=40)
     token = int(free[0, PROMPT.shape[1] + 12])
     drafter = drafter_for(llama)
-    drafter.ngram_drafts = ngram
+    drafter.options.ngram_drafts = ngram
     for crit in (StopAfterToken(token), StopAtLength(PROMPT.shape[1] + 10)):
         out = assert_identical(llama, drafter, max_new_tokens=40, stopping_criteria=StoppingCriteriaList([crit]))
         assert out.shape[1] < free.shape[1]
@@ -236,7 +236,7 @@ def test_stop_strings_stop_exactly(llama, char_tokenizer, ngram):
     a, b = (int(t) for t in free[0, PROMPT.shape[1] + 14 : PROMPT.shape[1] + 16])
     stop = char_tokenizer.decode([a, b])
     drafter = drafter_for(llama)
-    drafter.ngram_drafts = ngram
+    drafter.options.ngram_drafts = ngram
     out = assert_identical(llama, drafter, max_new_tokens=40, stop_strings=[stop], tokenizer=char_tokenizer)
     assert out.shape[1] < free.shape[1]
 

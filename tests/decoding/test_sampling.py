@@ -1,7 +1,7 @@
 """Sampling exactness: DSpark's sampled output follows the target's distribution (not just "runs").
 
 The negative control samples drafts from the Markov-corrected q but reports q without the Markov bias to
-the verifier; the same test must reject it, which shows the test can fail. N-gram drafts (drafter.ngram_drafts)
+the verifier; the same test must reject it, which shows the test can fail. N-gram drafts (drafter.options.ngram_drafts)
 get the same test, with 1-gram matches allowed so that about a third of the rounds take them here, and
 their own negative control (lookup drafts reported as if drawn from a uniform q).
 """

@@ -79,7 +79,7 @@ def test_sampling_exact_with_capped_drafts():
     """Static length 1 on a 3-token block: one draft per round from a 2-slot backbone (max_drafts, backbone_slots),
     so q comes from a shorter block than training used; the samples must still follow the target's law."""
     model, drafter = setup(head="markov")
-    drafter.verify_policy = 1
+    drafter.options.verify_policy = 1
     exact = exact_distribution(model, PROMPT, STEPS, processors())
     samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
     assert max(r.drafted for r in drafter.last_stats.rounds) == 1
@@ -102,8 +102,8 @@ def gated_setup(policy, verify_time):
         drafter.confidence_head.proj.weight[0, d] = 20.0  # reads W1[x_{k-1}][0] only
         drafter.confidence_head.proj.bias.zero_()
         drafter.markov_head.W1.weight[:, 0] = torch.tensor([1.0] * 6 + [-1.0] * 2)
-    drafter.device_profile = synthetic_profile(model, drafter, verify_time)
-    drafter.verify_policy = policy
+    drafter.options.device_profile = synthetic_profile(model, drafter, verify_time)
+    drafter.options.verify_policy = policy
     return model, drafter
 
 
@@ -134,8 +134,8 @@ def test_greedy_identity_with_verify_policies(policy, ngram):
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
     spread_confidence(drafter)
-    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
-    drafter.verify_policy, drafter.ngram_drafts = policy, ngram
+    drafter.options.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    drafter.options.verify_policy, drafter.options.ngram_drafts = policy, ngram
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     spec = model.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=drafter)
@@ -145,13 +145,13 @@ def test_greedy_identity_with_verify_policies(policy, ngram):
     if policy == 0:
         assert set(st.verify_lengths) == {0}
     # no more drafts are computed than the policy can ever verify (static k: k; the scheduler: max_verified)
-    reach = max_verified(drafter.device_profile.verify_time)
+    reach = max_verified(drafter.options.device_profile.verify_time)
     cap = {"auto": reach, "scheduler": reach, 0: 0, 1: 1}.get(policy, 4)
     assert max(r.drafted for r in st.rounds if r.source == "dspark") == cap
     # n-gram drafts: all of them up to the static k, the scheduler's bound for free drafts, else γ
     lookups = [r.drafted for r in st.rounds if r.source == "ngram"]
     assert bool(lookups) == (ngram and policy != 0)
-    free = max_verified(drafter.device_profile.verify_time, 0.0)
+    free = max_verified(drafter.options.device_profile.verify_time, 0.0)
     assert max(lookups, default=0) <= {"auto": free, "scheduler": free}.get(policy, cap)
 
 
@@ -162,9 +162,9 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
     spread_confidence(drafter)
-    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
-    drafter.device_profile.draft_time = 5.0
-    drafter.verify_policy, drafter.ngram_drafts = "scheduler", False  # the drafter's gate alone first
+    drafter.options.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    drafter.options.device_profile.draft_time = 5.0
+    drafter.options.verify_policy, drafter.options.ngram_drafts = "scheduler", False  # the drafter's gate alone first
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=60)
     spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
@@ -180,7 +180,7 @@ def test_draft_gate_skips_an_expensive_drafter_greedy_identical(monkeypatch):
     real_record = DraftGate.record
     monkeypatch.setattr(DraftGate, "record",
                         lambda self, *a: (self.draft_time == 5.0 and calls.append(a), real_record(self, *a))[1])
-    drafter.ngram_drafts = True
+    drafter.options.ngram_drafts = True
     spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
     assert spec.tolist() == plain.tolist()
     st = drafter.last_stats
@@ -195,7 +195,7 @@ def test_sampling_exact_with_the_default_options():
     model, drafter = setup(head="markov")
     spread_confidence(drafter)
     drafter.options = DecodingOptions(device_profile=synthetic_profile(model, drafter, FLAT))
-    assert (drafter.verify_policy, drafter.ngram_drafts) == ("auto", True)
+    assert (drafter.options.verify_policy, drafter.options.ngram_drafts) == ("auto", True)
     exact = exact_distribution(model, PROMPT, STEPS, processors())
     with ngram_drafts(drafter, 1):
         samples = sample_counts(model, drafter, PROMPT, STEPS, N, seed=123)
@@ -226,13 +226,13 @@ def test_wrong_ngram_drafts_stop_being_verified(monkeypatch):
     model = tiny_target(vocab=vocab)
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
-    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
-    drafter.device_profile.draft_time = 50.0  # and the drafter never pays either: plain steps are what is left
+    drafter.options.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])
+    drafter.options.device_profile.draft_time = 50.0  # and the drafter never pays either: plain steps are what is left
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=60)
     counts = {}
     for policy in ("auto", "all"):
-        drafter.verify_policy = policy
+        drafter.options.verify_policy = policy
         spec = model.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=drafter)
         assert spec.tolist() == plain.tolist()
         st = drafter.last_stats
@@ -252,7 +252,7 @@ def test_ngram_lengths_follow_the_profile(do_sample):
     plain = model.generate(prompt, do_sample=False, max_new_tokens=40)
     lengths = {}
     for name, curve in {"flat": [1.0, 1.01, 1.02, 1.03, 1.04], "steep": [1.0, 1.3, 1.6, 1.9, 2.2]}.items():
-        drafter.device_profile, drafter.verify_policy = synthetic_profile(model, drafter, curve), "auto"
+        drafter.options.device_profile, drafter.options.verify_policy = synthetic_profile(model, drafter, curve), "auto"
         with ngram_drafts(drafter, 1):
             torch.manual_seed(0)
             out = model.generate(prompt, do_sample=do_sample, max_new_tokens=40, assistant_model=drafter)
@@ -287,8 +287,8 @@ def test_ngram_drafts_come_back_when_lookups_start_to_match(monkeypatch):
     monkeypatch.setattr(candidate, "NgramIndex", LateIndex)
     torch.manual_seed(1)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
-    drafter.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])  # pays from c_1 > 0.3
-    drafter.device_profile.draft_time = 50.0  # the drafter never pays: rounds are n-gram rounds or plain steps
+    drafter.options.device_profile = synthetic_profile(model, drafter, [1.0, 1.3, 1.5, 1.6, 1.7])  # pays from c_1 > 0.3
+    drafter.options.device_profile.draft_time = 50.0  # the drafter never pays: rounds are n-gram rounds or plain steps
     spec = model.generate(prompt, do_sample=False, max_new_tokens=80, assistant_model=drafter)
     assert spec.tolist() == plain.tolist()
     kinds = [r.source == "ngram" for r in drafter.last_stats.rounds]
@@ -337,7 +337,7 @@ def test_sampling_exact_with_a_gate_that_starts_closed():
     """A calibration prior that does not pay: every call starts with plain steps and probes from round 9; the
     samples must still follow the target's law, and some calls must both skip and draft."""
     model, drafter = scheduled_setup("scheduler", [1.0, 1.6, 1.9, 2.1])
-    drafter.device_profile.draft_time = 0.5  # a drafted round costs more than a plain step even verifying nothing
+    drafter.options.device_profile.draft_time = 0.5  # a drafted round costs more than a plain step even verifying nothing
     drafter.config.calibration = [{"temperature": 1.0, "confidence_temperatures": [1.0] * 3,
                                    "prefix_survival": [0.05, 0.01, 0.0]}]
     exact = exact_distribution(model, PROMPT, STEPS, processors())
@@ -357,8 +357,8 @@ def test_greedy_calls_carry_the_gate_and_sampled_calls_stay_reproducible():
     from tests.sampling_check import PROMPT as P
 
     model, drafter = scheduled_setup("auto", [1.0, 1.3, 1.5, 1.6])
-    drafter.ngram_drafts = False
-    drafter.device_profile.draft_time = 0.5  # each drafted round costs half a step: random drafts never pay
+    drafter.options.ngram_drafts = False
+    drafter.options.device_profile.draft_time = 0.5  # each drafted round costs half a step: random drafts never pay
     plain = model.generate(P, do_sample=False, max_new_tokens=40)
     drafted = []
     for _ in range(3):

@@ -21,7 +21,7 @@ def test_greedy_on_a_static_cache_equals_plain(family, policy):
     model = tiny_target(family)
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
-    drafter.verify_policy = policy
+    drafter.options.verify_policy = policy
     plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40)
     for kw in (dict(cache_implementation="static"),
                dict(past_key_values=StaticCache(config=model.config, max_cache_len=64))):
@@ -61,7 +61,7 @@ def test_negative_control_a_static_cache_that_is_not_rolled_back_differs(monkeyp
     model = tiny_target()
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
-    drafter.verify_policy = "all"
+    drafter.options.verify_policy = "all"
     plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40)
     crop = StaticLayer.crop
     monkeypatch.setattr(StaticLayer, "crop", lambda self, n: crop(self, n + 1) if n < -1 else None)

@@ -146,11 +146,11 @@ def test_stream_generate_on_a_tiny_target_matches_plain_generate():
 
     t = tiny_target(40)
     d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
-    d.verify_policy, d.ngram_drafts = "all", False  # the drafter's own options: each run passes its own instead
+    d.options.verify_policy, d.options.ngram_drafts = "all", False  # the drafter's own options: each run passes its own instead
     ids = torch.tensor([[5, 6, 7, 8]])
     gen = {"max_new_tokens": 12, "do_sample": False}
     *_, p = stream_generate(t, {"input_ids": ids}, gen, drafter=d, policy=3, poll=0.01)
-    assert p.done and p.error is None and d.verify_policy == "all"  # the drafter's options are untouched
+    assert p.done and p.error is None and d.options.verify_policy == "all"  # the drafter's options are untouched
     f = demo.classify(p.recorder.first_ids, p.rounds, 3)
     ref = t.generate(ids, **gen)
     assert demo.committed_ids(f) == p.recorder.ids == ref[0, 4:].tolist()
@@ -160,7 +160,7 @@ def test_stream_generate_on_a_tiny_target_matches_plain_generate():
     # n-gram drafts on for this run only: the same tokens, and the drafter's option untouched
     *_, p = stream_generate(t, {"input_ids": torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]])}, gen, drafter=d, policy="all",
                             poll=0.01, ngram=True)
-    assert p.done and p.error is None and d.ngram_drafts is False
+    assert p.done and p.error is None and d.options.ngram_drafts is False
     ref = t.generate(torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]]), **gen)
     assert demo.committed_ids(demo.classify(p.recorder.first_ids, p.rounds)) == ref[0, 8:].tolist()
     assert any(r.source == "ngram" for r in p.rounds)

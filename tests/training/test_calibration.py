@@ -127,11 +127,11 @@ def test_collect_rounds_verifies_every_draft_and_restores_the_drafter(llama, cha
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(llama, block_size=4, target_layer_ids=[0, 2])
-    drafter.verify_policy, drafter.ngram_drafts = 1, True
+    drafter.options.verify_policy, drafter.options.ngram_drafts = 1, True
     rounds = collect_rounds(llama, tok, drafter, ["hello hello hello", "abc abc abc"], max_new_tokens=30, temperature=0)
     assert rounds and all(r.source == "dspark" and r.verified == r.drafted for r in rounds)
     assert max(r.drafted for r in rounds) == 4
-    assert (drafter.verify_policy, drafter.ngram_drafts) == (1, True)
+    assert (drafter.options.verify_policy, drafter.options.ngram_drafts) == (1, True)
     # calibrating stores what it measured: the draft gate's prior when decoding at this temperature (greedy)
     from hf_dspark.training.calibration import calibrate
 
