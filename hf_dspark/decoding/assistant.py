@@ -39,6 +39,13 @@ class DSparkDrafter(DSparkDraftModel):
         self.options = DecodingOptions()
         self.last_stats = None
 
+    def __setattr__(self, name, value):
+        # an option set on the drafter itself would be an attribute decoding never reads: refuse it by name
+        if name in DecodingOptions.__dataclass_fields__:
+            raise AttributeError(f"drafter.{name} is not read by generate(): set drafter.options.{name}, or pass "
+                                 f"dspark_options=DecodingOptions({name}=...) to one call")
+        super().__setattr__(name, value)
+
     def bind(self, target) -> DSparkDrafter:
         """Check that speculative decoding can be exact on `target` and that the pair fits, share its embedding,
         LM head and taps, and enable DSpark routing in `target.generate`. Raises ValueError naming the first

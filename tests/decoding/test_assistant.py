@@ -43,6 +43,8 @@ def test_options_live_only_in_drafter_options():
     assert drafter.options == DecodingOptions() and drafter.last_stats is None
     for name in ("verify_policy", "ngram_drafts", "device_profile", "loop"):
         assert not hasattr(DSparkDrafter, name) and not hasattr(drafter, name), name
+        with pytest.raises(AttributeError, match=f"set drafter.options.{name}"):  # never a silently ignored attribute
+            setattr(drafter, name, None)
     prompt = torch.tensor([[5, 17, 3, 42, 8, 11, 5, 17, 3]])
     plain = model.generate(prompt, do_sample=False, max_new_tokens=20)
     drafter.options.verify_policy, drafter.options.ngram_drafts = 1, False
