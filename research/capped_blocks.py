@@ -89,7 +89,7 @@ def measure(model, tok, dr, files: list[str], n: int, ks: list[int], max_new: in
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--eval", nargs="+", default=["../shared/data/eval/gsm8k.jsonl", "../shared/data/eval/mbpp.jsonl"])
+    ap.add_argument("--eval", nargs="+", default=["data/prompts/eval/gsm8k.jsonl", "data/prompts/eval/mbpp.jsonl"])
     ap.add_argument("--prompts", type=int, default=30)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 5])

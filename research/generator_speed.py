@@ -19,8 +19,8 @@ from hf_dspark.io.prompts import chat_ids
 from hf_dspark.training.data import plan
 from hf_dspark.training.sampler import Job, answer
 
-SOURCES = ["../shared/data/train/gsm8k_train.jsonl", "../shared/data/train/alpaca_5000.jsonl",
-           "../shared/data/train/mbpp_train.jsonl"]
+SOURCES = ["data/prompts/train/gsm8k_train.jsonl", "data/prompts/train/alpaca_5000.jsonl",
+           "data/prompts/train/mbpp_train.jsonl"]
 
 
 def padded_generate(model, eos: int, prompts: list[list[int]], batch: int, new: int) -> int:

@@ -10,13 +10,13 @@ costs the run's plain-like round; a drafter round adds the run's median drafter 
 print their measured ratio next to the simulated one, which checks the model. Estimates, not measurements: the
 chosen policy was then benchmarked for real.
 
-    python research/hybrid_replay.py out/big_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl   # ~5 min the first time
+    python research/hybrid_replay.py out/big_gsm8k/results.json data/prompts/eval/gsm8k.jsonl   # ~5 min the first time
 
 With `--cost-run` the costs come instead from another run's rounds (every DSpark method; a round verifying k
 drafts costs the median of those rounds, lengths with ≤ 20 rounds the profile's T(k+1) plus the offset at 7) and
 `--profile` gives that run's device profile, e.g. the float32 outputs replayed under a bf16 run's costs:
 
-    python research/hybrid_replay.py out/big_mbpp/results.json ../shared/data/eval/mbpp.jsonl \
+    python research/hybrid_replay.py out/big_mbpp/results.json data/prompts/eval/mbpp.jsonl \
         --cost-run out/bf16_mbpp/results.json --profile docs/results/profile_amd_bf16.json
 """
 

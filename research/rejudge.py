@@ -1,6 +1,6 @@
 """Re-judge the greedy mismatches of a bf16/fp16 `hf-dspark bench` run with the float32 referee (referee.py).
 
-    python research/rejudge.py out/bf16_gsm8k/results.json ../shared/data/eval/gsm8k.jsonl [--tolerance 0.5]
+    python research/rejudge.py out/bf16_gsm8k/results.json data/prompts/eval/gsm8k.jsonl [--tolerance 0.5]
 
 Rows that carry their output ("tokens") are judged as they are. DSpark rows of runs made before the bench stored
 outputs are rebuilt from their rounds: the prefill's token (recomputed in the run's dtype, as `generate` computed

@@ -5,8 +5,8 @@ CPU). Any text gives the L1 term its real signal — the target's distribution a
 the fly by `hf-dspark train` — so the train prompts themselves, rendered as user turns, are cheap extra data.
 Output records have the `hf-dspark data` layout, with the user turn as the "response" (the loss mask).
 
-    .venv/bin/python scripts/prompt_text_data.py ../shared/data/train/*.jsonl -o out/data/prompt_text.jsonl \
-        --exclude ../shared/data/eval/gsm8k.jsonl ../shared/data/eval/mbpp.jsonl
+    .venv/bin/python scripts/prompt_text_data.py data/prompts/train/*.jsonl -o out/data/prompt_text.jsonl \
+        --exclude data/prompts/eval/gsm8k.jsonl data/prompts/eval/mbpp.jsonl
 """
 
 import argparse
