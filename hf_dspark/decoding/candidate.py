@@ -14,6 +14,8 @@ import torch
 from transformers.generation import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from .linears import WeightMajorLinears
+from .loop import padded
 from .ngram import NgramIndex
 from .options import DecodingOptions
 from .processors import DSparkLogitsProcessor, guard
@@ -64,7 +66,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
             if self.do_sample else 0.0
         self.policy = VerifyPolicy.for_call(drafter, target, options, self.temperature)  # resolved once per call
         self.ngrams = NgramIndex() if options.ngram_drafts else None
+        # the products the profile measured as faster for verification forwards, installed once the prefill (which
+        # keeps plain generate()'s products) is done and removed by `close` at the end of the call (linears.py)
+        fast = getattr(self.policy.profile, "linear", "stock") == "weight_major"
+        self.linears = WeightMajorLinears(target, padded(cfg.block_size + 1)) if fast else None
         drafter.last_stats = self.stats
+
+    def close(self) -> None:
+        """End of the call (routing.py): the target gets its own linear forwards back."""
+        if self.linears is not None:
+            self.linears.remove()
 
     @torch.no_grad()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False,
@@ -78,6 +89,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
             self.stats.started = time.perf_counter()
             return input_ids, None
         t0 = time.perf_counter()
+        if self.linears is not None:
+            self.linears.install()  # from the first verification on (idempotent)
         self._collect(input_ids, model_outputs)
         cur_len = input_ids.shape[1]
         room = self.max_length - cur_len - 1  # drafts that could still be committed

@@ -8,7 +8,10 @@ A profile holds, for one (target, drafter shape, dtype, device, torch, loop) com
                      scheduler pays for;
   draft_time         median seconds of one drafter round (context ingest + backbone + sequential head) as the
                      scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
-  rollback_time      median seconds of cropping the target cache back after a verification.
+  rollback_time      median seconds of cropping the target cache back after a verification;
+  linear             how the verification forwards multiply ("stock" F.linear or "weight_major", linears.py): the
+                     faster of the two in an A/B of the target's own forwards (`linear_ab`), chosen before the curve
+                     is measured with it (eager loops; the compiled loop's kernels are the compiler's).
 The measured curve is used as is: on CPU in fp32 it is not monotone, so no
 smooth cost model would do. Profiles are cached as JSON under `storage.storage_dir()/profiles/`, keyed by
 `ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
@@ -16,6 +19,7 @@ smooth cost model would do. Profiles are cached as JSON under `storage.storage_d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,7 +36,8 @@ from transformers import DynamicCache
 from transformers.utils import logging
 
 from ..storage import storage_dir
-from .loop import StaticVerifier
+from .linears import LINEARS, WeightMajorLinears
+from .loop import StaticVerifier, padded
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -50,6 +55,7 @@ class ProfileKey:
     device: str  # device_name(): CPU model, vendor/family/model, ISA flags, threads; or the GPU name
     torch: str
     loop: str = "assisted"  # the decoding loop measured (DecodingOptions.loop): "assisted", "static" or "compiled"
+    version: int = 2  # what a profile measures: 2 adds the linear A/B; a version-1 profile is measured again
 
     def slug(self) -> str:
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.model).name or "model")[:40]
@@ -71,6 +77,8 @@ class DeviceProfile:
     verify_iqr: list[list[float]] = field(default_factory=list)  # [γ+1] × (p25, p75), for the record
     created: str = ""
     draft_tokens: int = 0  # drafts per round draft_time was measured with (set by measure_profile)
+    linear: str = "stock"  # the verification forwards' products (linears.LINEARS), measured to be the faster
+    linear_ab: dict = field(default_factory=dict)  # {"stock"|"weight_major": {tokens: median s}} the choice came from
 
     @property
     def block_size(self) -> int:
@@ -91,7 +99,7 @@ class DeviceProfile:
     @classmethod
     def from_dict(cls, d: dict) -> "DeviceProfile":
         d = dict(d)
-        d["key"] = ProfileKey(**d["key"])
+        d["key"] = ProfileKey(**{"version": 1, **d["key"]})  # a key written before versions existed is version 1
         return cls(**d)
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -239,15 +247,15 @@ class _Clock:
 
 @torch.no_grad()
 def measure_profile(target, drafter, cache_len: int = 256, warmup: int = 3, repeats: int = 10,
-                    seed: int = 0, loop: str = "assisted") -> DeviceProfile:
+                    seed: int = 0, loop: str = "assisted", linear: str | None = None) -> DeviceProfile:
     """Time a verification forward of 1..γ+1 tokens on a `cache_len`-token cache of decoding loop `loop` (lengths
     interleaved in random order, `warmup` untimed passes, medians over `repeats`), the drafter's round and the cache
-    roll-back.
+    roll-back. `linear`: the verification products to measure with (linears.LINEARS; None: the faster in an A/B).
     Runs on the target's device and dtype; token ids are random (costs do not depend on them). The global RNG is
     left untouched, so measuring on first use inside a seeded generate() does not change its samples."""
     devices = [target.device] if target.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return _measure(target, drafter, cache_len, warmup, repeats, seed, loop)
+        return _measure(target, drafter, cache_len, warmup, repeats, seed, loop, linear)
 
 
 @dataclass
@@ -308,7 +316,7 @@ def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeat
     return times
 
 
-def _measure(target, drafter, cache_len, warmup, repeats, seed, loop) -> DeviceProfile:
+def _measure(target, drafter, cache_len, warmup, repeats, seed, loop, linear=None) -> DeviceProfile:
     gamma = drafter.config.block_size
     clock = _Clock(target.device)
     gen = torch.Generator().manual_seed(seed + 1)  # the drafter's inputs
@@ -316,7 +324,14 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop) -> DeviceP
     if max_pos is not None:
         cache_len = max(1, min(cache_len, max_pos - gamma - 2))
     taps = [i + 1 for i in drafter.config.target_layer_ids]
-    timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps, loop=loop)
+    if loop == "compiled" and linear not in (None, "stock"):
+        raise ValueError("the compiled loop's products are the compiler's: linear must be None or 'stock'")
+    if linear is not None or loop == "compiled":
+        linear, linear_ab = linear or "stock", {}
+    else:
+        linear, linear_ab = choose_linear(target, gamma, cache_len, seed, taps, loop)
+    with linear_forms(target, linear, gamma):
+        timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps, loop=loop)
     verify, rollback = timed.forward, timed.rollback
 
     verify_time = [statistics.median(verify[k]) for k in verify]
@@ -337,7 +352,33 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop) -> DeviceP
         verify_iqr=[[q(verify[k], 0), q(verify[k], 2)] for k in verify],
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         draft_tokens=n,
+        linear=linear,
+        linear_ab=linear_ab,
     )
+
+
+LINEAR_GAIN = 0.95  # weight-major is chosen only below 95 % of stock's time: a tie is not worth a change
+
+
+def linear_forms(target, linear: str, gamma: int) -> WeightMajorLinears | contextlib.nullcontext:
+    """A context that runs `target`'s verification forwards with the products `linear` names (linears.LINEARS)."""
+    if linear not in LINEARS:
+        raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
+    return WeightMajorLinears(target, padded(gamma + 1)) if linear == "weight_major" else contextlib.nullcontext()
+
+
+def choose_linear(target, gamma: int, cache_len: int, seed: int, taps, loop: str, repeats: int = 3
+                  ) -> tuple[str, dict]:
+    """A/B of the target's verification forwards (2, the middle and γ + 1 tokens) with stock and weight-major
+    products → (the faster, {form: {tokens: median s}}). Summed medians decide; weight-major needs LINEAR_GAIN."""
+    lengths = sorted({2, gamma // 2 + 1, gamma + 1})
+    medians = {}
+    for form in LINEARS:
+        with linear_forms(target, form, gamma):
+            t = time_forwards(target, lengths, cache_len, warmup=1, repeats=repeats, seed=seed, taps=taps, loop=loop)
+        medians[form] = {str(k): statistics.median(v) for k, v in t.forward.items()}
+    total = {form: sum(m.values()) for form, m in medians.items()}
+    return ("weight_major" if total["weight_major"] < LINEAR_GAIN * total["stock"] else "stock"), medians
 
 
 def time_drafter(drafter, n: int, cache_len: int = 300, warmup: int = 5, repeats: int = 30,
@@ -387,6 +428,9 @@ def format_profile(profile: DeviceProfile) -> str:
         f"  cache {profile.cache_len} tokens; medians of {profile.repeats} after {profile.warmup} warm-up; "
         f"drafter {profile.draft_time * 1e3:.2f} ms/round ({profile.draft_tokens} drafts), "
         f"cache roll-back {profile.rollback_time * 1e3:.3f} ms",
+        f"  verification products: {profile.linear}" + "".join(
+            f"; {form} {' '.join(f'T({k}) {t * 1e3:.1f}' for k, t in ts.items())} ms"
+            for form, ts in profile.linear_ab.items()),
         "  drafts  tokens   T(B) ms  p25-p75 ms    T*(B) ms  run as  rounds/s  break-even a_ℓ",
     ]
     for i, t in enumerate(profile.verify_time):

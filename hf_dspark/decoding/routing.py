@@ -73,6 +73,8 @@ def check_transformers() -> None:
 
 # The options of the generate() call in progress (this thread / task), when the caller passed dspark_options=.
 _CALL_OPTIONS: ContextVar[DecodingOptions | None] = ContextVar("dspark_options", default=None)
+# the candidate generators transformers built inside one _assisted_decoding call (closed when it ends)
+_CALL_GENERATORS: ContextVar[list | None] = ContextVar("dspark_generators", default=None)
 
 
 class DSparkGenerationMixin:
@@ -152,24 +154,36 @@ class DSparkGenerationMixin:
             # the candidate generator transformers builds reads the call's options: the loop that runs, for its
             # profile
             token = _CALL_OPTIONS.set(dataclasses.replace(options, loop="assisted"))
+            built = _CALL_GENERATORS.set([])  # the generator transformers builds, closed when the call ends
             try:
                 out = super()._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config,
                                                  *args, **kwargs)
             finally:
+                for generator in _CALL_GENERATORS.get():
+                    generator.close()
+                _CALL_GENERATORS.reset(built)
                 _CALL_OPTIONS.reset(token)
             if why is not None and drafter.last_stats is not None:
                 drafter.last_stats.fallback = why
         else:
             candidate = DSparkCandidateGenerator(self, drafter, generation_config, logits_processor, options)
-            out = loop.decode(self, input_ids, logits_processor, stopping_criteria, generation_config, candidate,
-                              streamer=kwargs.get("streamer"), compiled=options.loop == "compiled")
+            try:
+                out = loop.decode(self, input_ids, logits_processor, stopping_criteria, generation_config, candidate,
+                                  streamer=kwargs.get("streamer"), compiled=options.loop == "compiled")
+            finally:
+                candidate.close()
         return scanner.truncate(out)
 
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
         if isinstance(assistant_model, DraftModel):
             options = _CALL_OPTIONS.get() or assistant_model.options
-            return DSparkCandidateGenerator(self, assistant_model, generation_config, logits_processor, options)
+            generator = DSparkCandidateGenerator(self, assistant_model, generation_config, logits_processor, options)
+            built = _CALL_GENERATORS.get()
+            if built is None:  # only transformers' assisted loop, which _assisted_decoding wraps, builds one
+                raise RuntimeError("a DSpark candidate generator is built inside generate() only")
+            built.append(generator)
+            return generator
         return super()._get_candidate_generator(generation_config, input_ids, inputs_tensor, logits_processor,
                                                 model_kwargs, assistant_model, target_tokenizer, assistant_tokenizer)
 

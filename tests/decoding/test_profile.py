@@ -45,7 +45,8 @@ def test_measure_on_tiny_llama(pair):
     assert 1 <= p.draft_tokens <= p.block_size
     assert max_verified(p.verify_time, p.round_overhead) <= p.draft_tokens
     text = format_profile(p)
-    assert "break-even" in text and len(text.splitlines()) == 3 + 4 + 1
+    assert "break-even" in text and len(text.splitlines()) == 4 + 4 + 1
+    assert p.linear in ("stock", "weight_major") and set(p.linear_ab) == {"stock", "weight_major"}
 
 
 def test_measuring_leaves_the_global_rng_alone(pair):

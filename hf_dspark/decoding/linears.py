@@ -1,0 +1,75 @@
+"""Weight-major linear layers for the verification forwards of one generate() call.
+
+A verification forward multiplies every weight W [out, in] by a few rows x [rows, in] (the anchor and the drafts).
+`F.linear` computes x·Wᵀ; on some CPU BLAS builds that costs about one pass over W per row (MKL on AMD CPUs,
+measured: a 2-token forward of SmolLM2-135M in float32 cost 1.5 one-token steps, a 4-token one 2.0), where the same
+product written (W·xᵀ)ᵀ streams W once, as the one-row step does. Which of the two is faster is measured on each
+device (profile.py: `DeviceProfile.linear`, from an A/B of the target's own forwards), never assumed.
+
+`WeightMajorLinears(model).install()` puts the weight-major forward on the model's `nn.Linear` layers, for inputs of
+2..max_rows rows only: a one-row step and a long prefill keep `F.linear`, so they compute what plain generate()
+computes. Decoding installs it after the prefill and removes it when the call ends (routing.py), so the model is
+left as it was given. Layers whose `forward` is already replaced (accelerate's device hooks, adapters) are left
+alone. Results differ from `F.linear`'s by float rounding only, as a multi-row `F.linear` already differs from
+one-row steps; greedy identity with plain generate() is tested on both forms.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Self
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LINEARS = ("stock", "weight_major")  # DeviceProfile.linear: F.linear everywhere, or weight-major for few rows
+
+
+def weight_major_forward(self: nn.Linear, x: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """x [..., in] → [..., out], as nn.Linear; for 2..max_rows rows as (W·xᵀ)ᵀ, the output made row-major (a
+    transposed view would turn the next layer's input into the layout MKL multiplies slowly)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not 1 < rows <= max_rows:
+        return F.linear(x, self.weight, self.bias)
+    y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).contiguous().t()).t().contiguous()
+    if self.bias is not None:
+        y += self.bias
+    return y.view(*x.shape[:-1], self.weight.shape[0])
+
+
+class WeightMajorLinears:
+    """The weight-major forward on every plain `nn.Linear` of `model`, installed and removed as a unit."""
+
+    def __init__(self, model: nn.Module, max_rows: int):
+        self.max_rows = max_rows
+        # exact type: subclasses (quantized layers) have their own forward; an instance forward is someone's hook
+        self.layers = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in m.__dict__]
+        self.installed = False
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        for m in self.layers:
+            m.forward = types.MethodType(_bound(self.max_rows), m)
+        self.installed = True
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        for m in self.layers:
+            m.__dict__.pop("forward", None)
+        self.installed = False
+
+    def __enter__(self) -> Self:
+        self.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def _bound(max_rows: int):
+    def forward(self, x):
+        return weight_major_forward(self, x, max_rows)
+    return forward

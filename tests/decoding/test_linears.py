@@ -1,0 +1,185 @@
+"""Weight-major verification products (linears.py): the same products as F.linear up to rounding, installed only
+between a call's prefill and its end, the profile's A/B choosing them by time, and decoding with them lossless
+(greedy identity on both eager loops, the sampling G-test)."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hf_dspark.decoding import profile as prof
+from hf_dspark.decoding.linears import WeightMajorLinears, weight_major_forward
+from hf_dspark.decoding.options import DecodingOptions
+from hf_dspark.decoding.profile import ForwardTimes, choose_linear, measure_profile
+from tests.conftest import tiny_target
+from tests.helpers import PROMPT, drafter_for, spread_confidence, synthetic_profile
+from tests.sampling_check import ALPHA, STEPS, N, exact_distribution, fit_pvalue, processors, sample_counts, setup
+from tests.sampling_check import PROMPT as SAMPLING_PROMPT
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 24), (1, 3, 24), (2, 4, 24), (8, 24), (1, 9, 24)])
+def test_weight_major_forward_is_f_linear(bias, shape):
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40, bias=bias)
+    x = torch.randn(*shape)
+    got, want = weight_major_forward(layer, x, max_rows=8), F.linear(x, layer.weight, layer.bias)
+    assert got.shape == want.shape and got.is_contiguous()
+    rows = x.numel() // x.shape[-1]
+    if rows == 1 or rows > 8:  # one row and long inputs are F.linear itself, bit for bit
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_install_and_remove_touch_only_plain_linears():
+    model = tiny_target()
+    hooked = model.model.layers[0].mlp.up_proj
+    own = lambda x: F.linear(x, hooked.weight)  # someone else's forward (accelerate's hooks do this)
+    hooked.forward = own
+
+    class Quantized(nn.Linear):
+        pass
+
+    model.model.layers[1].mlp.up_proj.__class__ = Quantized
+    linears = WeightMajorLinears(model, max_rows=8)
+    plain = [m for m in model.modules() if type(m) is nn.Linear and m is not hooked]
+    assert len(linears.layers) == len(plain) and hooked not in linears.layers
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        want = model(ids).logits
+        with linears:
+            assert all("forward" in m.__dict__ for m in plain)
+            got = model(ids).logits
+        assert not any("forward" in m.__dict__ for m in plain) and hooked.forward is own
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def forms_during_generate(model, drafter, **gen):
+    """Generate; per target forward, whether the weight-major forward was installed when it ran."""
+    seen = []
+    handle = model.register_forward_pre_hook(
+        lambda m, a: seen.append("forward" in model.lm_head.__dict__))
+    try:
+        out = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
+    finally:
+        handle.remove()
+    return out, seen
+
+
+def weight_major_drafter(model, loop="assisted"):
+    drafter = drafter_for(model)
+    spread_confidence(drafter)
+    profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15, 1.2]),
+                                  linear="weight_major")
+    profile = dataclasses.replace(profile, key=dataclasses.replace(profile.key, loop=loop))
+    drafter.options = DecodingOptions("scheduler", ngram_drafts=False, device_profile=profile, loop=loop)
+    return drafter
+
+
+@pytest.mark.parametrize("loop", ["assisted", "static"])
+def test_greedy_identity_with_weight_major_verification(loop):
+    """Installed after the prefill (which keeps plain's products), used by every verification, gone at the end."""
+    for seed in range(3):
+        model = tiny_target(seed=seed)
+        drafter = weight_major_drafter(model, loop)
+        plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40)
+        out, seen = forms_during_generate(model, drafter, max_new_tokens=40)
+        assert out.tolist() == plain.tolist()
+        assert not drafter.last_stats.fallback and sum(r.drafted for r in drafter.last_stats.rounds) > 0
+        if loop == "assisted":  # the static loop's verifications call forward directly: no hook to count them
+            assert seen[0] is False and all(seen[1:]) and len(seen) > 2, seen
+        assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_removed_when_the_call_fails():
+    model = tiny_target()
+    drafter = weight_major_drafter(model)
+
+    def fail(input_ids, scores, **kw):
+        if input_ids.shape[1] > PROMPT.shape[1] + 3:
+            raise KeyboardInterrupt
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    with pytest.raises(KeyboardInterrupt):
+        model.generate(PROMPT, do_sample=False, assistant_model=drafter, max_new_tokens=30, stopping_criteria=[fail])
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_sampling_exact_with_weight_major_verification():
+    model, drafter = setup(head="markov")
+    spread_confidence(drafter)
+    profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15]), linear="weight_major")
+    drafter.options = DecodingOptions("scheduler", ngram_drafts=False, device_profile=profile)
+    exact = exact_distribution(model, SAMPLING_PROMPT, STEPS, processors())
+    samples = sample_counts(model, drafter, SAMPLING_PROMPT, STEPS, N, seed=123)
+    assert sum(r.verified for r in drafter.last_stats.rounds) > 0
+    p = fit_pvalue(samples, exact)
+    assert p >= ALPHA, f"weight-major verification: samples deviate from the target's law (p={p:.2e})"
+
+
+def fake_forwards(stock: float, weight_major: float):
+    """time_forwards as if the stock forwards took `stock` s and weight-major ones `weight_major` s each."""
+    def timed(target, lengths, *a, **kw):
+        installed = "forward" in target.lm_head.__dict__
+        t = weight_major if installed else stock
+        return ForwardTimes(prefill=0.0, forward={k: [t] * 3 for k in lengths}, rollback=[0.0])
+    return timed
+
+
+@pytest.mark.parametrize("stock,weight_major,chosen", [(1.0, 0.5, "weight_major"), (1.0, 0.97, "stock"),
+                                                       (0.5, 1.0, "stock")])
+def test_the_a_b_chooses_by_time(monkeypatch, stock, weight_major, chosen):
+    model = tiny_target()
+    monkeypatch.setattr(prof, "time_forwards", fake_forwards(stock, weight_major))
+    got, medians = choose_linear(model, 7, 32, 0, [1], "assisted")
+    assert got == chosen
+    assert medians == {"stock": {"2": stock, "4": stock, "8": stock},
+                       "weight_major": {"2": weight_major, "4": weight_major, "8": weight_major}}
+
+
+def test_profile_records_its_choice_and_measures_the_curve_with_it(monkeypatch):
+    model = tiny_target()
+    drafter = drafter_for(model)
+    real = prof.time_forwards
+    forms = []
+
+    def spy(target, lengths, *a, **kw):
+        forms.append("forward" in target.lm_head.__dict__)
+        return real(target, lengths, *a, **kw)
+
+    monkeypatch.setattr(prof, "choose_linear", lambda *a, **kw: ("weight_major", {"stock": {"2": 1.0}}))
+    monkeypatch.setattr(prof, "time_forwards", spy)
+    p = measure_profile(model, drafter, cache_len=16, warmup=0, repeats=1)
+    assert p.linear == "weight_major" and forms == [True]
+    assert "verification products: weight_major" in str(p)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert prof.DeviceProfile.from_dict(p.to_dict()) == p
+
+
+def test_the_compiled_loop_keeps_the_compiler_s_products(monkeypatch):
+    model = tiny_target()
+    monkeypatch.setattr(prof, "choose_linear", lambda *a, **kw: pytest.fail("no A/B on the compiled loop"))
+    monkeypatch.setattr(prof, "time_forwards", fake_forwards(1.0, 1.0))
+    monkeypatch.setattr(prof, "time_drafter", lambda *a, **kw: 0.1)
+    p = prof._measure(model, drafter_for(model), 16, 0, 1, 0, "compiled")
+    assert p.linear == "stock" and p.linear_ab == {}
+
+
+def test_a_profile_from_before_the_a_b_is_measured_again(tmp_path):
+    model = tiny_target()
+    drafter = drafter_for(model)
+    p = synthetic_profile(model, drafter, [1.0, 1.1, 1.2, 1.3, 1.4])
+    old = p.to_dict()
+    del old["key"]["version"], old["linear"], old["linear_ab"]
+    path = tmp_path / "old.json"
+    path.write_text(__import__("json").dumps(old))
+    with pytest.raises(prof.ProfileMismatchError, match="version"):
+        prof.load_profile(path, expect=p.key)
