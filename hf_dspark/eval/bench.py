@@ -27,7 +27,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..decoding.options import DecodingOptions
-from ..decoding.profile import cpu_info
+from ..decoding.profile import cpu_info, get_profile
 from ..decoding.stats import DSparkStats, Round
 from ..io.prompts import chat_inputs, read_prompts
 from ..training.data import is_holdout
@@ -157,6 +157,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
                     row["divergence"] = judge_divergence(outs[base], out, ids.shape[1], referee_model(), tie_tolerance)
     res = summarize(rows, methods, base, prompts, model, gen)
     res["warmup_seconds"] = first_calls
+    res["profiles"] = {m.name: _profile_used(model, m) for m in methods if m.drafter is not None}
     if not do_sample:
         res["settings"]["identity"] = ({"referee": "float32", "tie_tolerance": tie_tolerance} if referee is not None
                                        else "token for token")
@@ -171,6 +172,17 @@ def _pooled_stats(rows: list[dict], block: int) -> dict:
             "ngram_rounds": st.ngram_rounds, "conditional_acceptance": st.conditional_acceptance,
             "acceptance_rate": st.acceptance_rate, "verify_lengths": st.verify_lengths,
             "draft_time_s": st.draft_time, "verify_time_s": st.verify_time}
+
+
+def _profile_used(model, m: Method) -> dict | None:
+    """The cached device profile of a DSpark method's drafter and loop (None: none is cached; static lengths and
+    "all" do not read it): the curve, the drafter's round and the verification products (decoding/linears.py)."""
+    try:
+        p = get_profile(model, m.drafter, measure=False, loop=m.loop or "assisted")
+    except FileNotFoundError:
+        return None
+    return {"verify_time": p.verify_time, "draft_time": p.draft_time, "linear": p.linear, "linear_ab": p.linear_ab,
+            "created": p.created}
 
 
 def summarize(rows, methods, base, prompts, model, gen) -> dict:

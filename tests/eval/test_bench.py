@@ -31,7 +31,7 @@ def methods(model):
     ablation = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2], head_type="none")
     return [Method("plain"), Method("prompt-lookup-3", {"prompt_lookup_num_tokens": 3}),
             Method("dflash-ablation", drafter=ablation), Method("dspark", drafter=d),
-            Method("dspark-k2", drafter=d, policy=2), Method("dspark+ngram", drafter=d, ngram=True)]
+            Method("dspark-k2", drafter=d, policy=2), Method("dspark+ngram", drafter=d, policy="auto", ngram=True)]
 
 
 def test_every_method_every_field(tmp_path):
@@ -52,6 +52,10 @@ def test_every_method_every_field(tmp_path):
             assert (e["ngram_rounds"] > 0) == (name == "dspark+ngram"), (name, e["ngram_rounds"])
             assert 0 < e["drafted_rounds"] <= e["rounds"]
     assert max(res["methods"]["dspark-k2"]["all"]["verify_lengths"]) <= 2
+    # the profile the scheduler decoded with, its verification products included
+    assert set(res["profiles"]) == {"dflash-ablation", "dspark", "dspark-k2", "dspark+ngram"}
+    assert res["profiles"]["dspark+ngram"]["linear"] in ("stock", "weight_major")
+    assert len(res["profiles"]["dspark+ngram"]["verify_time"]) == 4
     assert {"cpu", "cpu_id", "load", "threads", "torch", "transformers", "dtype"} <= set(res["environment"])
     assert set(res["environment"]["cpu_id"]) == {"vendor", "family", "model", "flags"}
     json.dumps(res, default=str)
