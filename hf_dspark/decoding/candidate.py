@@ -14,8 +14,7 @@ import torch
 from transformers.generation import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .linears import WeightMajorLinears
-from .loop import padded
+from .linears import verification_linears
 from .ngram import NgramIndex
 from .options import DecodingOptions
 from .processors import DSparkLogitsProcessor, guard
@@ -68,8 +67,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.ngrams = NgramIndex() if options.ngram_drafts else None
         # the products the profile measured as faster for verification forwards, installed once the prefill (which
         # keeps plain generate()'s products) is done and removed by `close` at the end of the call (linears.py)
-        fast = getattr(self.policy.profile, "linear", "stock") == "weight_major"
-        self.linears = WeightMajorLinears(target, padded(cfg.block_size + 1)) if fast else None
+        self.linears = verification_linears(target, getattr(self.policy.profile, "linear", "stock"), cfg.block_size)
         drafter.last_stats = self.stats
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .loop import padded
+
 LINEARS = ("stock", "weight_major")  # DeviceProfile.linear: F.linear everywhere, or weight-major for few rows
 
 
@@ -73,3 +75,10 @@ def _bound(max_rows: int):
     def forward(self, x):
         return weight_major_forward(self, x, max_rows)
     return forward
+
+
+def verification_linears(model: nn.Module, linear: str, block_size: int) -> WeightMajorLinears | None:
+    """The layers a call with γ = block_size verifies with under a profile's `linear` (LINEARS): None for "stock"."""
+    if linear not in LINEARS:
+        raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
+    return WeightMajorLinears(model, padded(block_size + 1)) if linear == "weight_major" else None

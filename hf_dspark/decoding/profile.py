@@ -36,8 +36,8 @@ from transformers import DynamicCache
 from transformers.utils import logging
 
 from ..storage import storage_dir
-from .linears import LINEARS, WeightMajorLinears
-from .loop import StaticVerifier, padded
+from .linears import LINEARS, WeightMajorLinears, verification_linears
+from .loop import StaticVerifier
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -362,9 +362,7 @@ LINEAR_GAIN = 0.95  # weight-major is chosen only below 95 % of stock's time: a 
 
 def linear_forms(target, linear: str, gamma: int) -> WeightMajorLinears | contextlib.nullcontext:
     """A context that runs `target`'s verification forwards with the products `linear` names (linears.LINEARS)."""
-    if linear not in LINEARS:
-        raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
-    return WeightMajorLinears(target, padded(gamma + 1)) if linear == "weight_major" else contextlib.nullcontext()
+    return verification_linears(target, linear, gamma) or contextlib.nullcontext()
 
 
 def choose_linear(target, gamma: int, cache_len: int, seed: int, taps, loop: str, repeats: int = 3
