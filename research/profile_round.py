@@ -66,7 +66,7 @@ def main():
             pos = torch.arange(300, 300 + slots)[None]
             rows[f"drafter: backbone, {slots} slots"] = median_ms(lambda: drafter.backbone(emb, pos, kv))
             h = drafter.backbone(emb, pos, kv)[0, :n]
-            rows[f"drafter: LM head, {lm_rows.shape[0]} rows x {n}"] = median_ms(lambda: drafter.base_logits(h, lm_rows))
+            rows[f"drafter: LM head, {lm_rows.weight.shape[0]} rows x {n}"] = median_ms(lambda: drafter.base_logits(h, lm_rows))
             if vocab is not None and n == g:
                 rows[f"drafter: LM head, full {model.config.vocab_size} rows x {g}"] = median_ms(lambda: drafter.base_logits(h))
             U = drafter.base_logits(h, lm_rows)

@@ -29,7 +29,7 @@ def oracle_drafts(reference: torch.Tensor, p_right: float = 0.7, seed: int = 0):
             pos = start + k
             right = reference[0, pos] if pos < reference.shape[1] else block.tokens[k]
             ok = torch.rand((), generator=gen) < p_right
-            block.tokens[k] = right if ok else (right + 1) % block.logits.shape[-1]
+            block.tokens[k] = right if ok else (right + 1) % self.config.vocab_size
         return block
 
     DSparkDrafter.draft = patched

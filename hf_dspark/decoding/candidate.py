@@ -14,7 +14,7 @@ import torch
 from transformers.generation import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .linears import verification_linears
+from .linears import round_linears
 from .ngram import NgramIndex
 from .options import DecodingOptions
 from .processors import DSparkLogitsProcessor, guard
@@ -65,9 +65,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
             if self.do_sample else 0.0
         self.policy = VerifyPolicy.for_call(drafter, target, options, self.temperature)  # resolved once per call
         self.ngrams = NgramIndex() if options.ngram_drafts else None
-        # the products the profile measured as faster for verification forwards, installed once the prefill (which
-        # keeps plain generate()'s products) is done and removed by `close` at the end of the call (linears.py)
-        self.linears = verification_linears(target, getattr(self.policy.profile, "linear", "stock"), cfg.block_size)
+        # the products the profile measured as faster for a round's few-row products (verification and drafting),
+        # installed once the prefill (which keeps plain generate()'s products) is done and removed by `close` at the
+        # end of the call (linears.py)
+        self.linears = round_linears(getattr(self.policy.profile, "linear", "stock"), cfg.block_size, target, drafter,
+                                     self.weights[1])
         drafter.last_stats = self.stats
 
     def close(self) -> None:

@@ -37,12 +37,13 @@ class DraftModel(Protocol):
     def confidence_head(self): ...
 
     def draft_weights(self):
-        """(vocab [V'] or None, LM-head rows [V', d], W2 rows [V', r] or None), gathered once per call."""
+        """(vocab [V'] or None, the draft LM head (an nn.Linear over the rows [V', d]), W2 rows [V', r] or None),
+        gathered once per call."""
 
     def context_kv(self, features: torch.Tensor, position_ids: torch.Tensor) -> list:
         """Tapped features [1, n, m·d] at position_ids [1, n] → per drafter layer (k, v) [1, n_kv, n, hd]."""
 
     def draft(self, context_kv, prefix_ids: torch.Tensor, n: int, *, reach=None, processor=None,
               do_sample: bool = False, weights=None, offset: int = 0, temperature=None):
-        """One drafter round → a DraftBlock of n drafts (tokens [n], the logits q was drawn from [n, V], calibrated
-        confidences [n] on the CPU or None)."""
+        """One drafter round → a DraftBlock of n drafts (tokens [n], the logits q was drawn from [n, V] when
+        do_sample (greedy rounds may return None), calibrated confidences [n] on the CPU or None)."""

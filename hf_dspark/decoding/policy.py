@@ -89,11 +89,13 @@ class VerifyPolicy:
             self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
         elif isinstance(spec, str) and spec in ("scheduler", "auto"):
             self.profile = _profile_for(drafter, target, device_profile, loop)
-            overhead = self.profile.round_overhead
+            sampled = temperature is not None and temperature != 0  # a sampled round also builds and draws from q
+            self.overhead = overhead = self.profile.round_overhead_at(sampled)
             reach = max_verified(self.profile.verify_time, overhead)
             self.max_drafts = min(reach, self.max_drafts)
             if spec == "scheduler" or drafter.confidence_head is not None:
-                self._length, self.needs_confidence = (lambda conf, n: self.profile.verify_length(conf)), True
+                self._length = lambda conf, n: self.profile.verify_length(conf, sampled)
+                self.needs_confidence = True
             else:  # "auto" without a confidence head: the most the scheduler could verify, the gate decides if at all
                 self._length = lambda conf, n: min(self.max_drafts, n)
             # an n-gram round pays no drafter, only the roll-back; its length is a best prefix, not the walk
@@ -128,7 +130,7 @@ class VerifyPolicy:
         gates = _GREEDY_GATES.setdefault(self.drafter, {})
         key = (id(target), repr(self.spec), repr(self.profile.key), tuple(self.profile.verify_time), prior)
         if key not in gates:
-            gates[key] = DraftGate(self.profile.verify_time, self.profile.round_overhead, prior=prior)
+            gates[key] = DraftGate(self.profile.verify_time, self.overhead, prior=prior)
         gate = gates[key]
         gate.skipped = gate.wait  # a closed gate probes once at a call's start: this prompt may pay where the last did not
         return gate

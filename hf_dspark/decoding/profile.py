@@ -6,12 +6,14 @@ A profile holds, for one (target, drafter shape, dtype, device, torch, loop) com
                      decodes: transformers' assisted loop (a DynamicCache, eager) or DSpark's own (loop.py: a static
                      cache, forwards padded to its fixed lengths, eager or compiled), so the curve is the one the
                      scheduler pays for;
-  draft_time         median seconds of one drafter round (context ingest + backbone + sequential head) as the
-                     scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole block;
+  draft_time         median seconds of one greedy drafter round (context ingest + backbone + sequential head) as
+                     the scheduler runs it: drafting `draft_tokens` = scheduler.max_verified tokens, not the whole
+                     block; sampled_draft_time the same for a sampled round (it also builds and draws from q);
   rollback_time      median seconds of cropping the target cache back after a verification;
-  linear             how the verification forwards multiply ("stock" F.linear or "weight_major", linears.py): the
-                     faster of the two in an A/B of the target's own forwards (`linear_ab`), chosen before the curve
-                     is measured with it (eager loops; the compiled loop's kernels are the compiler's).
+  linear             how a round's few-row products multiply ("stock" F.linear or "weight_major", linears.py): the
+                     faster of the two in an A/B of the target's verification forwards and the drafter's round
+                     (`linear_ab`), chosen before the rest is measured with it (eager loops; the compiled loop's
+                     verification kernels are the compiler's, and its rounds keep stock products).
 The measured curve is used as is: on CPU in fp32 it is not monotone, so no
 smooth cost model would do. Profiles are cached as JSON under `storage.storage_dir()/profiles/`, keyed by
 `ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
@@ -36,7 +38,7 @@ from transformers import DynamicCache
 from transformers.utils import logging
 
 from ..storage import storage_dir
-from .linears import LINEARS, WeightMajorLinears, verification_linears
+from .linears import LINEARS, WeightMajorLinears, round_linears
 from .loop import StaticVerifier
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
@@ -55,7 +57,9 @@ class ProfileKey:
     device: str  # device_name(): CPU model, vendor/family/model, ISA flags, threads; or the GPU name
     torch: str
     loop: str = "assisted"  # the decoding loop measured (DecodingOptions.loop): "assisted", "static" or "compiled"
-    version: int = 2  # what a profile measures: 2 adds the linear A/B; a version-1 profile is measured again
+    # what a profile measures: 2 adds the linear A/B, 3 the drafter's round to it and greedy and sampled rounds;
+    # a profile of an earlier version is measured again
+    version: int = 3
 
     def slug(self) -> str:
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.model).name or "model")[:40]
@@ -77,21 +81,26 @@ class DeviceProfile:
     verify_iqr: list[list[float]] = field(default_factory=list)  # [γ+1] × (p25, p75), for the record
     created: str = ""
     draft_tokens: int = 0  # drafts per round draft_time was measured with (set by measure_profile)
-    linear: str = "stock"  # the verification forwards' products (linears.LINEARS), measured to be the faster
-    linear_ab: dict = field(default_factory=dict)  # {"stock"|"weight_major": {tokens: median s}} the choice came from
+    linear: str = "stock"  # a round's few-row products (linears.LINEARS), measured to be the faster
+    # {"stock"|"weight_major": {tokens: median s of that verification, "draft": of a drafter round}}: the choice's data
+    linear_ab: dict = field(default_factory=dict)
+    sampled_draft_time: float | None = None  # a sampled drafter round (None: as draft_time)
 
     @property
     def block_size(self) -> int:
         return len(self.verify_time) - 1
 
-    @property
-    def round_overhead(self) -> float:
-        """Fixed seconds per round whatever ℓ is: drafting the full block + cache roll-back."""
-        return self.draft_time + self.rollback_time
+    def round_overhead_at(self, sampled: bool = False) -> float:
+        """Fixed seconds per round whatever ℓ is: drafting (a greedy or a `sampled` round) + cache roll-back."""
+        draft = self.sampled_draft_time if sampled and self.sampled_draft_time is not None else self.draft_time
+        return draft + self.rollback_time
 
-    def verify_length(self, conf: torch.Tensor) -> int:
-        """conf [n] calibrated conditional survival → drafts to verify (batch-1 scheduler on this profile)."""
-        return single_stream_length(conf, self.verify_time, self.round_overhead)
+    round_overhead = property(round_overhead_at)  # a greedy round's
+
+    def verify_length(self, conf: torch.Tensor, sampled: bool = False) -> int:
+        """conf [n] calibrated conditional survival → drafts to verify (batch-1 scheduler on this profile), for a
+        greedy or a `sampled` call."""
+        return single_stream_length(conf, self.verify_time, self.round_overhead_at(sampled))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -324,29 +333,36 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop, linear=Non
     if max_pos is not None:
         cache_len = max(1, min(cache_len, max_pos - gamma - 2))
     taps = [i + 1 for i in drafter.config.target_layer_ids]
+    weights = drafter.draft_weights()  # as the candidate generator gathers them: its LM head takes the form too
     if loop == "compiled" and linear not in (None, "stock"):
         raise ValueError("the compiled loop's products are the compiler's: linear must be None or 'stock'")
     if linear is not None or loop == "compiled":
         linear, linear_ab = linear or "stock", {}
     else:
-        linear, linear_ab = choose_linear(target, gamma, cache_len, seed, taps, loop)
-    with linear_forms(target, linear, gamma):
+        linear, linear_ab = choose_linear(target, drafter, weights, gamma, cache_len, seed, taps, loop)
+    with round_forms(target, drafter, weights, linear):
         timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps, loop=loop)
-    verify, rollback = timed.forward, timed.rollback
+        verify, rollback = timed.forward, timed.rollback
+        verify_time = [statistics.median(verify[k]) for k in verify]
+        rollback_time = statistics.median(rollback)
 
-    verify_time = [statistics.median(verify[k]) for k in verify]
-    rollback_time = statistics.median(rollback)
-    # The scheduler never verifies more than max_verified drafts, so decoding drafts only that many: time the
-    # round at that size. A cheaper draft can only lower the bound again, never raise it past what was timed.
-    draft = time_drafter(drafter, gamma, cache_len, warmup, repeats, gen, clock)
-    n = max(1, max_verified(verify_time, draft + rollback_time))
-    if n < gamma:
-        draft = time_drafter(drafter, n, cache_len, warmup, repeats, gen, clock)
+        def drafting(sample: bool) -> tuple[float, int]:
+            # The scheduler never verifies more than max_verified drafts, so decoding drafts only that many: time
+            # the round at that size. A cheaper draft can only lower the bound again, never raise it past the timed.
+            t = time_drafter(drafter, gamma, cache_len, warmup, repeats, gen, clock, weights=weights, sample=sample)
+            n = max(1, max_verified(verify_time, t + rollback_time))
+            if n < gamma:
+                t = time_drafter(drafter, n, cache_len, warmup, repeats, gen, clock, weights=weights, sample=sample)
+            return t, n
+
+        draft, n = drafting(sample=False)
+        sampled_draft, _ = drafting(sample=True)
     q = lambda xs, p: statistics.quantiles(xs, n=4)[p] if len(xs) > 1 else xs[0]  # noqa: E731
     return DeviceProfile(
         key=profile_key(target, drafter, loop),
         verify_time=verify_time,
         draft_time=draft,
+        sampled_draft_time=sampled_draft,
         rollback_time=rollback_time,
         cache_len=cache_len, warmup=warmup, repeats=repeats,
         verify_iqr=[[q(verify[k], 0), q(verify[k], 2)] for k in verify],
@@ -360,31 +376,36 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop, linear=Non
 LINEAR_GAIN = 0.95  # weight-major is chosen only below 95 % of stock's time: a tie is not worth a change
 
 
-def linear_forms(target, linear: str, gamma: int) -> WeightMajorLinears | contextlib.nullcontext:
-    """A context that runs `target`'s verification forwards with the products `linear` names (linears.LINEARS)."""
-    return verification_linears(target, linear, gamma) or contextlib.nullcontext()
+def round_forms(target, drafter, weights, linear: str) -> WeightMajorLinears | contextlib.nullcontext:
+    """A context that runs a round's products (the target's verification forwards, the drafter's round and the
+    draft LM head of `weights` = drafter.draft_weights()) as `linear` names (linears.LINEARS)."""
+    return round_linears(linear, drafter.config.block_size, target, drafter, weights[1]) or contextlib.nullcontext()
 
 
-def choose_linear(target, gamma: int, cache_len: int, seed: int, taps, loop: str, repeats: int = 3
-                  ) -> tuple[str, dict]:
-    """A/B of the target's verification forwards (2, the middle and γ + 1 tokens) with stock and weight-major
-    products → (the faster, {form: {tokens: median s}}). Summed medians decide; weight-major needs LINEAR_GAIN."""
+def choose_linear(target, drafter, weights, gamma: int, cache_len: int, seed: int, taps, loop: str,
+                  repeats: int = 3) -> tuple[str, dict]:
+    """A/B of a round's products, stock and weight-major: the target's verification forwards (2, the middle and
+    γ + 1 tokens) and a greedy drafter round of γ drafts → (the faster, {form: {tokens: median s, "draft": median s}}).
+    Each verification counts with one drafter round; weight-major must take under LINEAR_GAIN of stock's total."""
     lengths = sorted({2, gamma // 2 + 1, gamma + 1})
     medians = {}
     for form in LINEARS:
-        with linear_forms(target, form, gamma):
+        with round_forms(target, drafter, weights, form):
             t = time_forwards(target, lengths, cache_len, warmup=1, repeats=repeats, seed=seed, taps=taps, loop=loop)
-        medians[form] = {str(k): statistics.median(v) for k, v in t.forward.items()}
-    total = {form: sum(m.values()) for form, m in medians.items()}
+            draft = time_drafter(drafter, gamma, cache_len, warmup=2, repeats=3 * repeats, weights=weights)
+        medians[form] = {**{str(k): statistics.median(v) for k, v in t.forward.items()}, "draft": draft}
+    total = {form: sum(m[str(k)] + m["draft"] for k in lengths) for form, m in medians.items()}
     return ("weight_major" if total["weight_major"] < LINEAR_GAIN * total["stock"] else "stock"), medians
 
 
 def time_drafter(drafter, n: int, cache_len: int = 300, warmup: int = 5, repeats: int = 30,
-                 gen: torch.Generator | None = None, clock: _Clock | None = None) -> float:
+                 gen: torch.Generator | None = None, clock: _Clock | None = None, weights=None,
+                 sample: bool = False) -> float:
     """Median seconds of one drafter round as the candidate generator runs it: ingest a few accepted rows into
     the context K/V, then drafter.draft (kernel or PyTorch, as decoding would): one backbone pass over the block,
-    the LM-head rows and sequential head (with sampling) for the first `n` drafts, calibrated confidences.
-    Random context features of `cache_len` positions (`gen`, default seeded 0); `clock` syncs the device."""
+    the LM-head rows and sequential head (greedy, or drawing from q with `sample`) for the first `n` drafts,
+    calibrated confidences. Random context features of `cache_len` positions (`gen`, default seeded 0); `clock`
+    syncs the device; `weights`: drafter.draft_weights() (default: gathered here)."""
     gen = torch.Generator().manual_seed(0) if gen is None else gen
     clock = _Clock(drafter.device) if clock is None else clock
     cfg, dev = drafter.config, drafter.device
@@ -393,13 +414,14 @@ def time_drafter(drafter, n: int, cache_len: int = 300, warmup: int = 5, repeats
     context = drafter.context_kv(feats, torch.arange(cache_len, device=dev)[None])
     new = min(cache_len, gamma // 2 + 1)  # a typical round accepts about half the block
     prefix = torch.randint(0, cfg.vocab_size, (1, cache_len + 1), generator=gen).to(dev)  # the anchor at cache_len
-    weights = drafter.draft_weights()  # a pruned draft vocabulary is part of the drafter's cost
+    weights = drafter.draft_weights() if weights is None else weights  # a pruned vocabulary is part of the cost
     times = []
     for rep in range(warmup + repeats):
         t0 = clock.now()
         kv = drafter.context_kv(feats[:, -new:], torch.arange(cache_len - new, cache_len, device=dev)[None])
         ctx = [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(context, kv)]
-        drafter.draft(ctx, prefix, n, do_sample=True, weights=weights)  # its confidences: the scheduler's host sync
+        # its confidences: the scheduler's host sync
+        drafter.draft(ctx, prefix, n, do_sample=sample, weights=weights, temperature=1.0 if sample else 0.0)
         t1 = clock.now()
         if rep >= warmup:
             times.append(t1 - t0)
@@ -424,10 +446,11 @@ def format_profile(profile: DeviceProfile) -> str:
     lines = [
         f"DSpark device profile: {k.model} [{k.dtype}] on {k.device}, torch {k.torch}, {k.loop} loop",
         f"  cache {profile.cache_len} tokens; medians of {profile.repeats} after {profile.warmup} warm-up; "
-        f"drafter {profile.draft_time * 1e3:.2f} ms/round ({profile.draft_tokens} drafts), "
+        f"drafter {profile.draft_time * 1e3:.2f} ms/round greedy, "
+        f"{(profile.round_overhead_at(True) - profile.rollback_time) * 1e3:.2f} sampled ({profile.draft_tokens} drafts), "
         f"cache roll-back {profile.rollback_time * 1e3:.3f} ms",
-        f"  verification products: {profile.linear}" + "".join(
-            f"; {form} {' '.join(f'T({k}) {t * 1e3:.1f}' for k, t in ts.items())} ms"
+        f"  round products: {profile.linear}" + "".join(
+            f"; {form} {' '.join(f'T({k}) {t * 1e3:.1f}' if k != 'draft' else f'draft {t * 1e3:.1f}' for k, t in ts.items())} ms"
             for form, ts in profile.linear_ab.items()),
         "  drafts  tokens   T(B) ms  p25-p75 ms    T*(B) ms  run as  rounds/s  break-even a_ℓ",
     ]
@@ -438,5 +461,6 @@ def format_profile(profile: DeviceProfile) -> str:
             f"  {i:6d}  {i + 1:6d}  {t * 1e3:8.2f}  {iqr[0] * 1e3:5.1f}-{iqr[1] * 1e3:<5.1f}  {env[i] * 1e3:9.2f}  "
             f"{pad:6d}  {1 / (o + env[i]):8.1f}  " + ("      -" if i == 0 else f"{be[i - 1]:7.3f}")
         )
-    lines.append("  (run as: a length is verified as the cheaper longer forward T*(B) = min_{j≥B} T(j); lossless)")
+    lines.append("  (run as: a length is verified as the cheaper longer forward T*(B) = min_{j≥B} T(j); lossless;"
+                 " rounds/s and break-even for greedy rounds)")
     return "\n".join(lines)

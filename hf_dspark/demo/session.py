@@ -66,8 +66,8 @@ def policy_for(req: Request, drafter, profile_fn=None):
     profile = profile_fn(drafter) if profile_fn else None  # measured before generate, so not in its timing
     if profile is None:
         return req.block, f"static ℓ={req.block}", "no device profile: scheduler off"
-    cap = req.block
-    return (lambda conf: min(cap, profile.verify_length(conf))), f"scheduler, ℓ ≤ {cap}", ""
+    cap, sampled = req.block, req.temperature > 0
+    return (lambda conf: min(cap, profile.verify_length(conf, sampled))), f"scheduler, ℓ ≤ {cap}", ""
 
 
 def demo_inputs(tok, prompt: str, device) -> dict:

@@ -181,8 +181,8 @@ def _profile_used(model, m: Method) -> dict | None:
         p = get_profile(model, m.drafter, measure=False, loop=m.loop or "assisted")
     except FileNotFoundError:
         return None
-    return {"verify_time": p.verify_time, "draft_time": p.draft_time, "linear": p.linear, "linear_ab": p.linear_ab,
-            "created": p.created}
+    return {"verify_time": p.verify_time, "draft_time": p.draft_time, "sampled_draft_time": p.sampled_draft_time,
+            "linear": p.linear, "linear_ab": p.linear_ab, "created": p.created}
 
 
 def summarize(rows, methods, base, prompts, model, gen) -> dict:

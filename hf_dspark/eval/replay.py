@@ -60,7 +60,7 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
     nxt = ids[0, P:L]
     lp_target = logp_t.gather(-1, nxt[:, None])[:, 0]  # [R] log p(x_{t+1})
     target_greedy = logp_t.argmax(-1) == nxt
-    vocab, lm_rows, w2 = dr.draft_weights()
+    vocab, lm_head, w2 = dr.draft_weights()
     pad = torch.cat([ids[0], ids.new_full((g + 1,), -1)])  # labels past the end never match
     if vocab is not None:  # full-vocabulary id → its column in the draft vocabulary (-1: not in it)
         where = torch.full((dr.config.vocab_size,), -1, dtype=torch.long, device=dev)
@@ -75,7 +75,7 @@ def slot_scores(drafter, prompt_ids: list[int], response_ids: list[int], chunk: 
         h = dr.backbone(dr.embed(block_in.view(1, -1)), pos.view(1, -1), kv, block_mask(a[None], g, L))
         h = h.view(C, g, -1)
         labels, prev = pad[pos + 1], pad[pos].clamp(min=0)  # teacher forcing: prev = the accepted token
-        base = dr.base_logits(h, lm_rows)  # [C, γ, V'] float32
+        base = dr.base_logits(h, lm_head)  # [C, γ, V'] float32
         z, own, conf_tf, conf_own = _chains(dr, base, h, prev, vocab, w2)
         draft_top = vocab[own] if vocab is not None else own
         matches.append(draft_top == labels)  # leading matches = the greedy rounds' accepted drafts

@@ -200,12 +200,16 @@ class DSparkDraftModel(PreTrainedModel):
             ids = ids.to(emb.weight.device)
         return emb(ids).to(device=self.device, dtype=self.dtype)
 
-    def base_logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """Backbone output h [..., d] → base logits U [..., V] in float32, through the target's LM head
-        (or through `weight` [V', d], rows of it for a pruned draft vocabulary → [..., V'])."""
-        if weight is None:
-            weight = self.target.get_output_embeddings().weight
-        logits = torch.nn.functional.linear(h.to(weight.dtype), weight).float()
+    def base_logits(self, h: torch.Tensor, head: torch.Tensor | nn.Linear | None = None) -> torch.Tensor:
+        """Backbone output h [..., d] → base logits U [..., V] in float32, through the target's LM head weight
+        (or through `head`, rows of it [V', d] for a pruned draft vocabulary, as a tensor or as the nn.Linear
+        draft_weights() returns → [..., V']; the bias of a target's LM head is never used)."""
+        if head is None:
+            head = self.target.get_output_embeddings().weight
+        if isinstance(head, nn.Module):  # draft_weights()'s head: decoding may replace its forward (linears.py)
+            logits = head(h.to(head.weight.dtype)).float()
+        else:
+            logits = F.linear(h.to(head.dtype), head).float()
         cap = getattr(self.target.config.get_text_config(), "final_logit_softcapping", None)
         if cap:
             logits = torch.tanh(logits / cap) * cap
@@ -236,14 +240,16 @@ class DSparkDraftModel(PreTrainedModel):
         return self
 
     def draft_weights(self):
-        """(vocab [V'] or None, LM-head rows [V', d], W2 rows [V', r] or None) for drafting: gathered once per
-        generate() call, so a pruned vocabulary costs V'/V of the full LM-head and Markov matmuls."""
+        """(vocab [V'] or None, the draft LM head: a bias-free nn.Linear whose weight is the LM-head rows [V', d],
+        W2 rows [V', r] or None) for drafting: gathered once per generate() call, so a pruned vocabulary costs
+        V'/V of the full LM-head and Markov matmuls. Without a draft vocabulary the head's weight is the target's
+        own tensor (no copy)."""
         head = self.target.get_output_embeddings().weight
         w2 = self.markov_head.W2.weight if self.markov_head is not None else None
         if self.draft_vocab is None:
-            return None, head, w2
+            return None, _head_over(head), w2
         vocab = self.draft_vocab.to(head.device)
-        return vocab, head[vocab].contiguous(), (w2[vocab].contiguous() if w2 is not None else None)
+        return vocab, _head_over(head[vocab].contiguous()), (w2[vocab].contiguous() if w2 is not None else None)
 
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated taps [B, n, m·d] (order of target_layer_ids) → context [B, n, d] (the fused fc + RMSNorm
@@ -275,7 +281,7 @@ class DSparkDraftModel(PreTrainedModel):
               do_sample: bool = False, weights=None, offset: int = 0, temperature: float | None = None) -> DraftBlock:
         """One drafter round, the only code that runs one: the block [anchor ; masks] through the backbone over
         `context_kv`, then the sequential head and confidence left to right → DraftBlock of `n` drafts (tokens,
-        the exact logits q was drawn from, raw and calibrated confidences).
+        the exact logits q was drawn from (sampled rounds; greedy ones need none), raw and calibrated confidences).
 
         context_kv: per layer (k, v) [1, n_kv, ctx, hd] of the committed context (`context_kv(...)`);
         prefix_ids [1, cur_len]: the sequence so far, its last token the anchor at position cur_len - 1
@@ -292,9 +298,10 @@ class DSparkDraftModel(PreTrainedModel):
         masks = torch.full((1, slots - 1), self.config.mask_token_id, dtype=torch.long, device=self.device)
         positions = torch.arange(cur_len - 1, cur_len - 1 + slots, device=self.device)[None]
         h = self.backbone(self.embed(torch.cat([anchor, masks], dim=-1)), positions, context_kv)[0, :n]
-        vocab, lm_rows, w2_rows = weights if weights is not None else self.draft_weights()
-        block = draft_block(self.base_logits(h, lm_rows), h, anchor[0, 0], self.markov_head, self.confidence_head, prefix_ids,
-                            processor, do_sample, vocab=vocab, w2=w2_rows, vocab_size=self.config.vocab_size)
+        vocab, lm_head, w2_rows = weights if weights is not None else self.draft_weights()
+        block = draft_block(self.base_logits(h, lm_head), h, anchor[0, 0], self.markov_head, self.confidence_head, prefix_ids,
+                            processor, do_sample, vocab=vocab, w2=w2_rows, vocab_size=self.config.vocab_size,
+                            need_logits=do_sample)
         if do_sample and bool((torch.isnan(block.logits) | torch.isposinf(block.logits)).any()):
             # q must be a distribution for rejection sampling; greedy drafts need none (the target judges them)
             raise ValueError(f"the drafter produced NaN/+inf logits at sequence length {prefix_ids.shape[1]} "
@@ -311,3 +318,12 @@ class DSparkDraftModel(PreTrainedModel):
         temps = torch.tensor(temps[:n], device=conf_logits.device)
         biases = torch.tensor(biases[:n], device=conf_logits.device)
         return torch.sigmoid(conf_logits.float() / temps + biases)
+
+
+def _head_over(weight: torch.Tensor) -> nn.Linear:
+    """A bias-free nn.Linear [out, in] whose weight is `weight` itself (no copy of the target's LM head); standalone,
+    so it is in no model's state dict."""
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    del head.weight
+    head.weight = weight
+    return head

@@ -153,11 +153,12 @@ def build_head(config) -> nn.Module | None:
 @dataclass
 class DraftBlock:
     """One round's draft. tokens [n] long; logits [n, V] float32, the exact (processed) logits each token was
-    drawn from, so q_k = softmax(logits[k]); conf_logits [n] float32 raw confidence logits (uncalibrated);
+    drawn from, so q_k = softmax(logits[k]), or None where nothing needs q (greedy drafts: the target judges their
+    tokens); conf_logits [n] float32 raw confidence logits (uncalibrated);
     confidences [n] the calibrated c_k on the CPU (set by DSparkDraftModel.draft; None without a confidence head)."""
 
     tokens: torch.Tensor
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     conf_logits: torch.Tensor
     confidences: torch.Tensor | None = None
 
@@ -188,6 +189,7 @@ def sequential_draft(
     vocab: torch.Tensor | None = None,
     w2: torch.Tensor | None = None,
     vocab_size: int | None = None,
+    need_logits: bool = True,
 ) -> DraftBlock:
     """The reference left-to-right loop: x_k ~ processor(U_k + B_k(x_{k-1})).
 
@@ -198,7 +200,12 @@ def sequential_draft(
     Draft vocabulary: with `vocab` [V'] (token ids) the logits cover only those tokens, `w2` [V', r] holds the
     matching rows of the head's W2, and q is 0 elsewhere (logits -inf), which keeps rejection sampling exact:
     q is still exactly what the tokens are drawn from. `vocab_size` is the full V for the returned logits.
+    need_logits=False (greedy drafts only): return no logits, and without processors take the argmax over the
+    draft vocabulary's own V' columns (the same token: ids are sorted, the rest are -inf) instead of building each
+    position's full-vocabulary row.
     """
+    if do_sample and not need_logits:
+        raise ValueError("sampled drafts need their logits: q is what rejection sampling divides by")
     n = base_logits.shape[0]
     prev, state = anchor.view(1), None
     tokens, logits, confs = [], [], []
@@ -211,21 +218,22 @@ def sequential_draft(
             z = z + (u @ (head.W2.weight.T if w2 is None else w2.T)).float()
         if confidence is not None:
             confs.append(confidence(hidden[k : k + 1], emb).float())
-        if vocab is not None:  # back to full-vocabulary ids: processors and the verifier work there
-            z = torch.full((1, vocab_size), float("-inf"), device=z.device).index_copy_(1, vocab, z)
-        if processor is not None:
-            z = processor(seq, z)
-        if do_sample:
-            x = draw(z)
+        if vocab is not None and not need_logits and processor is None:
+            x = vocab[z.argmax(dim=-1)]  # a greedy draft on the draft vocabulary's columns
         else:
-            x = z.argmax(dim=-1)
+            if vocab is not None:  # back to full-vocabulary ids: processors and the verifier work there
+                z = torch.full((1, vocab_size), float("-inf"), device=z.device).index_copy_(1, vocab, z)
+            if processor is not None:
+                z = processor(seq, z)
+            x = draw(z) if do_sample else z.argmax(dim=-1)
+            if need_logits:
+                logits.append(z)
         tokens.append(x)
-        logits.append(z)
         prev = x
         if processor is not None and k + 1 < n:
             seq = torch.cat([seq, x.view(1, 1).to(seq.device)], dim=-1)
     conf = torch.cat(confs) if confs else torch.zeros(n)
-    return DraftBlock(torch.cat(tokens), torch.cat(logits), conf)
+    return DraftBlock(torch.cat(tokens), torch.cat(logits) if need_logits else None, conf)
 
 
 # ---- kernel or PyTorch ---------------------------------------------------------------------------------------
@@ -253,20 +261,22 @@ def kernel_plan(head, confidence, processor) -> dict | str:
 
 
 def draft_block(base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample,
-                vocab=None, w2=None, vocab_size=None, backend: str | None = None) -> DraftBlock:
+                vocab=None, w2=None, vocab_size=None, backend: str | None = None, need_logits: bool = True
+                ) -> DraftBlock:
     """sequential_draft's arguments and DraftBlock, on the fused Markov kernel when `kernels.use_kernels` says so
     (`backend`: "auto" | "triton" | "torch", default HF_DSPARK_KERNELS; docs/kernels.md) and the draft's settings
     allow it (kernel_plan), else sequential_draft.
     The kernel samples with Gumbel noise from torch's generator: a different stream than the reference's one
-    uniform per token (draw), the same distribution, and the returned logits are exactly the ones sampled from."""
+    uniform per token (draw), the same distribution, and the returned logits are exactly the ones sampled from.
+    need_logits=False lets the reference skip q for greedy drafts; the kernel returns it anyway."""
     args = (base_logits, hidden, anchor, head, confidence, prefix_ids, processor, do_sample)
     if kernels is None or not kernels.use_kernels(base_logits, backend):
-        return sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=vocab_size)
+        return sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=vocab_size, need_logits=need_logits)
     plan = kernel_plan(head, confidence, processor)
     if isinstance(plan, str):
         if (backend or kernels.backend()) == "triton":
             kernels.warn_once(plan)
-        return sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=vocab_size)
+        return sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=vocab_size, need_logits=need_logits)
     n, vd = base_logits.shape
     w1 = head.W1.weight if head is not None else None
     if head is not None and w2 is None:

@@ -1,6 +1,7 @@
-"""Weight-major verification products (linears.py): the same products as F.linear up to rounding, installed only
-between a call's prefill and its end, the profile's A/B choosing them by time, and decoding with them lossless
-(greedy identity on both eager loops, the sampling G-test)."""
+"""Weight-major round products (linears.py): the same products as F.linear up to rounding, installed on the target,
+the drafter and its draft LM head only between a call's prefill and its end, the profile's A/B of verification
+forwards and drafter rounds choosing them by time, and decoding with them lossless (greedy identity on both eager
+loops, the sampling G-test)."""
 
 import dataclasses
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.decoding import profile as prof
 from hf_dspark.decoding.linears import WeightMajorLinears, weight_major_forward
 from hf_dspark.decoding.options import DecodingOptions
@@ -62,20 +64,38 @@ def test_install_and_remove_touch_only_plain_linears():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def forms_during_generate(model, drafter, **gen):
-    """Generate; per target forward, whether the weight-major forward was installed when it ran."""
-    seen = []
-    handle = model.register_forward_pre_hook(
-        lambda m, a: seen.append("forward" in model.lm_head.__dict__))
+def installed(*modules) -> bool:
+    return all("forward" in m.__dict__ for m in modules)
+
+
+def forms_during_generate(model, drafter, monkeypatch, **gen):
+    """Generate; per target forward, whether the weight-major forward was installed when it ran; per drafter round,
+    whether it was on the drafter's layers and on the draft LM head the round multiplied with."""
+    seen, rounds = [], []
+    real = DSparkDrafter.base_logits
+
+    def spy(self, h, head=None):
+        if isinstance(head, nn.Module):  # a round's draft head (training and replay pass none or a tensor)
+            rounds.append(installed(head, self.fc, self.layers[0].mlp.up_proj))
+        return real(self, h, head)
+
+    monkeypatch.setattr(DSparkDrafter, "base_logits", spy)
+    handle = model.register_forward_pre_hook(lambda m, a: seen.append(installed(model.lm_head)))
     try:
         out = model.generate(PROMPT, do_sample=False, assistant_model=drafter, **gen)
     finally:
         handle.remove()
-    return out, seen
+    return out, seen, rounds
 
 
-def weight_major_drafter(model, loop="assisted"):
+def none_installed(*models) -> bool:
+    return not any("forward" in m.__dict__ for model in models for m in model.modules())
+
+
+def weight_major_drafter(model, loop="assisted", vocab=None):
     drafter = drafter_for(model)
+    if vocab is not None:  # a pruned draft vocabulary is part of the drafter's shape: before the profile
+        drafter.set_draft_vocab(vocab)
     spread_confidence(drafter)
     profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15, 1.2]),
                                   linear="weight_major")
@@ -84,19 +104,21 @@ def weight_major_drafter(model, loop="assisted"):
     return drafter
 
 
-@pytest.mark.parametrize("loop", ["assisted", "static"])
-def test_greedy_identity_with_weight_major_verification(loop):
-    """Installed after the prefill (which keeps plain's products), used by every verification, gone at the end."""
+@pytest.mark.parametrize("loop,pruned", [("assisted", False), ("assisted", True), ("static", False)])
+def test_greedy_identity_with_weight_major_rounds(loop, pruned, monkeypatch):
+    """Installed after the prefill (which keeps plain's products), used by every verification and every drafter
+    round (its layers and its draft LM head, pruned or not), gone at the end."""
     for seed in range(3):
         model = tiny_target(seed=seed)
-        drafter = weight_major_drafter(model, loop)
+        drafter = weight_major_drafter(model, loop, range(0, model.config.vocab_size, 2) if pruned else None)
         plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40)
-        out, seen = forms_during_generate(model, drafter, max_new_tokens=40)
+        out, seen, rounds = forms_during_generate(model, drafter, monkeypatch, max_new_tokens=40)
         assert out.tolist() == plain.tolist()
         assert not drafter.last_stats.fallback and sum(r.drafted for r in drafter.last_stats.rounds) > 0
         if loop == "assisted":  # the static loop's verifications call forward directly: no hook to count them
             assert seen[0] is False and all(seen[1:]) and len(seen) > 2, seen
-        assert not any("forward" in m.__dict__ for m in model.modules())
+        assert rounds and all(rounds), rounds
+        assert none_installed(model, drafter)
 
 
 def test_removed_when_the_call_fails():
@@ -110,7 +132,7 @@ def test_removed_when_the_call_fails():
 
     with pytest.raises(KeyboardInterrupt):
         model.generate(PROMPT, do_sample=False, assistant_model=drafter, max_new_tokens=30, stopping_criteria=[fail])
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert none_installed(model, drafter)
 
 
 def test_sampling_exact_with_weight_major_verification():
@@ -128,21 +150,36 @@ def test_sampling_exact_with_weight_major_verification():
 def fake_forwards(stock: float, weight_major: float):
     """time_forwards as if the stock forwards took `stock` s and weight-major ones `weight_major` s each."""
     def timed(target, lengths, *a, **kw):
-        installed = "forward" in target.lm_head.__dict__
-        t = weight_major if installed else stock
+        t = weight_major if installed(target.lm_head) else stock
         return ForwardTimes(prefill=0.0, forward={k: [t] * 3 for k in lengths}, rollback=[0.0])
     return timed
 
 
-@pytest.mark.parametrize("stock,weight_major,chosen", [(1.0, 0.5, "weight_major"), (1.0, 0.97, "stock"),
-                                                       (0.5, 1.0, "stock")])
-def test_the_a_b_chooses_by_time(monkeypatch, stock, weight_major, chosen):
+def fake_drafter(stock: float, weight_major: float):
+    """time_drafter as if a round took `stock` s, or `weight_major` s with the form on its layers and draft head."""
+    def timed(drafter, n, *a, weights=None, **kw):
+        return weight_major if installed(drafter.fc, weights[1]) else stock
+    return timed
+
+
+@pytest.mark.parametrize("forwards,drafts,chosen", [
+    ((1.0, 0.5), (0.1, 0.1), "weight_major"),
+    ((1.0, 0.97), (0.0, 0.0), "stock"),  # under LINEAR_GAIN
+    ((0.5, 1.0), (0.1, 0.1), "stock"),
+    ((1.0, 0.96), (0.5, 0.2), "weight_major"),  # the drafter's round decides a near tie of the verifications
+    ((1.0, 0.9), (0.2, 0.5), "stock"),
+])
+def test_the_a_b_chooses_by_a_round_s_time(monkeypatch, forwards, drafts, chosen):
+    """Each verification length counts with one drafter round; weight-major needs under 95 % of stock's total."""
     model = tiny_target()
-    monkeypatch.setattr(prof, "time_forwards", fake_forwards(stock, weight_major))
-    got, medians = choose_linear(model, 7, 32, 0, [1], "assisted")
+    drafter = drafter_for(model)
+    monkeypatch.setattr(prof, "time_forwards", fake_forwards(*forwards))
+    monkeypatch.setattr(prof, "time_drafter", fake_drafter(*drafts))
+    got, medians = choose_linear(model, drafter, drafter.draft_weights(), 7, 32, 0, [1], "assisted")
     assert got == chosen
-    assert medians == {"stock": {"2": stock, "4": stock, "8": stock},
-                       "weight_major": {"2": weight_major, "4": weight_major, "8": weight_major}}
+    for form, f, d in zip(("stock", "weight_major"), forwards, drafts):
+        assert medians[form] == {"2": f, "4": f, "8": f, "draft": d}
+    assert none_installed(model, drafter)
 
 
 def test_profile_records_its_choice_and_measures_the_curve_with_it(monkeypatch):
@@ -151,16 +188,26 @@ def test_profile_records_its_choice_and_measures_the_curve_with_it(monkeypatch):
     real = prof.time_forwards
     forms = []
 
+    real_drafter = prof.time_drafter
+    rounds = []
+
     def spy(target, lengths, *a, **kw):
-        forms.append("forward" in target.lm_head.__dict__)
+        forms.append(installed(target.lm_head))
         return real(target, lengths, *a, **kw)
+
+    def spy_drafter(dr, n, *a, weights=None, sample=False, **kw):
+        rounds.append((installed(dr.fc, weights[1]), sample))
+        return real_drafter(dr, n, *a, weights=weights, sample=sample, **kw)
 
     monkeypatch.setattr(prof, "choose_linear", lambda *a, **kw: ("weight_major", {"stock": {"2": 1.0}}))
     monkeypatch.setattr(prof, "time_forwards", spy)
+    monkeypatch.setattr(prof, "time_drafter", spy_drafter)
     p = measure_profile(model, drafter, cache_len=16, warmup=0, repeats=1)
     assert p.linear == "weight_major" and forms == [True]
-    assert "verification products: weight_major" in str(p)
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert {r[1] for r in rounds} == {False, True} and all(r[0] for r in rounds)  # greedy and sampled, both timed
+    assert p.sampled_draft_time is not None and p.round_overhead_at(True) == p.sampled_draft_time + p.rollback_time
+    assert "round products: weight_major" in str(p)
+    assert none_installed(model, drafter)
     assert prof.DeviceProfile.from_dict(p.to_dict()) == p
 
 
@@ -173,12 +220,18 @@ def test_the_compiled_loop_keeps_the_compiler_s_products(monkeypatch):
     assert p.linear == "stock" and p.linear_ab == {}
 
 
-def test_a_profile_from_before_the_a_b_is_measured_again(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_profile_from_before_the_round_a_b_is_measured_again(tmp_path, version):
+    """Version 1 had no A/B, version 2 one of the target's forwards only (and sampled drafter rounds)."""
     model = tiny_target()
     drafter = drafter_for(model)
     p = synthetic_profile(model, drafter, [1.0, 1.1, 1.2, 1.3, 1.4])
     old = p.to_dict()
-    del old["key"]["version"], old["linear"], old["linear_ab"]
+    del old["sampled_draft_time"]
+    if version == 1:
+        del old["key"]["version"], old["linear"], old["linear_ab"]
+    else:
+        old["key"]["version"] = 2
     path = tmp_path / "old.json"
     path.write_text(__import__("json").dumps(old))
     with pytest.raises(prof.ProfileMismatchError, match="version"):

@@ -114,7 +114,8 @@ def test_the_network_is_sized_for_its_target_and_binds_without_routing():
 
 def test_a_round_drafts_n_tokens_with_their_logits_and_confidences():
     """draft(): a DraftBlock of n drafts (tokens [n], the logits [n, V] they were drawn from, raw and calibrated
-    confidences); greedy, each token is its logits' argmax and the same context gives the same block."""
+    confidences); the same context gives the same greedy block, whose tokens are the argmax of the logits a sampled
+    round of the same context returns (a greedy round returns none: the target judges its tokens)."""
     model = tiny_target()
     torch.manual_seed(1)
     net = DSparkDraftModel.from_target(model, block_size=4, target_layer_ids=[0, 2], markov_rank=8)
@@ -125,9 +126,11 @@ def test_a_round_drafts_n_tokens_with_their_logits_and_confidences():
         ctx = net.context_kv(feats, torch.arange(n_ctx)[None])
         block = net.draft(ctx, PROMPT, 3)
         again = net.draft(ctx, PROMPT, 3)
+        sampled = net.draft(ctx, PROMPT, 3, do_sample=True)
     assert isinstance(block, DraftBlock)
-    assert block.tokens.shape == (3,) and block.logits.shape == (3, 64) and block.conf_logits.shape == (3,)
-    assert torch.equal(block.tokens, block.logits.argmax(-1)) and torch.equal(block.tokens, again.tokens)
+    assert block.tokens.shape == (3,) and block.logits is None and block.conf_logits.shape == (3,)
+    assert sampled.logits.shape == (3, 64) and torch.equal(block.tokens, again.tokens)
+    assert block.tokens[0] == sampled.logits[0].argmax()  # the first position's q does not depend on a draw
     torch.testing.assert_close(block.confidences, net.confidence_probs(block.conf_logits).cpu())
 
 
@@ -139,11 +142,12 @@ def test_draft_weights_are_the_draft_vocabularys_rows():
     drafter = drafter_for(model)
     head, w2 = model.lm_head.weight, drafter.markov_head.W2.weight
     vocab, rows, w2_rows = drafter.draft_weights()
-    assert vocab is None and rows is head and w2_rows is w2
+    assert vocab is None and rows.weight is head and w2_rows is w2 and rows.bias is None  # no copy, no bias
+    assert not any(m is rows for m in drafter.modules())  # a standalone module: in no state dict
     drafter.set_draft_vocab([40, 3, 9, 3])
     vocab, rows, w2_rows = drafter.draft_weights()
     assert vocab.tolist() == [3, 9, 40] and drafter.config.draft_vocab_size == 3
-    assert torch.equal(rows, head[[3, 9, 40]]) and torch.equal(w2_rows, w2[[3, 9, 40]])
+    assert torch.equal(rows.weight, head[[3, 9, 40]]) and torch.equal(w2_rows, w2[[3, 9, 40]])
     assert "draft_vocab" in dict(drafter.named_buffers())
     drafter.set_draft_vocab(None)
     assert drafter.draft_vocab is None and drafter.config.draft_vocab_size is None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_dspark.model.heads import HEADS, ConfidenceHead, build_head, draw
+from hf_dspark.model.heads import HEADS, ConfidenceHead, build_head, draw, sequential_draft
 from tests.sampling_check import ALPHA, _g_test
 
 
@@ -75,3 +75,35 @@ def test_confidence_head_reads_the_previous_token_only_when_told():
         alone = ConfidenceHead(8, use_prev=False)
         torch.testing.assert_close(alone(h, e), alone(h, None))
     assert z.shape == (3,)
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["full-vocab", "pruned-vocab"])
+@pytest.mark.parametrize("with_processor", [False, True], ids=["raw", "processed"])
+def test_greedy_drafts_without_logits_are_the_same_tokens(pruned, with_processor):
+    """need_logits=False (greedy rounds: nothing needs q) returns no logits and the same tokens and confidences as
+    the full path, whose tokens are its logits' argmax: on a pruned vocabulary without processors it takes the
+    argmax over the draft vocabulary's own columns, which must map back to the same full-vocabulary ids. Sampled
+    drafts must keep q."""
+    torch.manual_seed(0)
+    head = build_head(_config("rnn"))
+    confidence = ConfidenceHead(8 + 4)
+    vocab = torch.tensor([0, 2, 3, 7, 11, 15]) if pruned else None
+    n = 6
+    base = torch.randn(n, 6 if pruned else 16)
+    w2 = head.W2.weight[vocab] if pruned else None
+
+    def penalty(ids, z):  # a processor that reads the drafts so far, as transformers' penalties do
+        return z - 0.5 * torch.zeros_like(z).scatter_(1, ids, 1.0)
+
+    processor = penalty if with_processor else None
+    args = (base, torch.randn(n, 8), torch.tensor(3), head, confidence, torch.tensor([[1, 5, 3]]), processor, False)
+    with torch.no_grad():
+        full = sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=16)
+        fast = sequential_draft(*args, vocab=vocab, w2=w2, vocab_size=16, need_logits=False)
+    assert fast.logits is None and full.logits.shape == (n, 16)
+    assert torch.equal(fast.tokens, full.tokens) and torch.equal(full.tokens, full.logits.argmax(-1))
+    assert torch.equal(fast.conf_logits, full.conf_logits)
+    if pruned:
+        assert set(fast.tokens.tolist()) <= set(vocab.tolist())
+    with pytest.raises(ValueError, match="sampled drafts need their logits"):
+        sequential_draft(*args[:-1], True, vocab=vocab, w2=w2, vocab_size=16, need_logits=False)
