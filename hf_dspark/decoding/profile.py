@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache
 from transformers.utils import logging
 
-from ..storage import storage_dir
+from ..storage import storage_dir, write_atomic
 from .linears import LINEARS, WeightMajorLinears, round_linears
 from .loop import StaticVerifier
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
@@ -112,12 +112,7 @@ class DeviceProfile:
         return cls(**d)
 
     def save(self, path: str | Path | None = None) -> Path:
-        path = Path(path) if path is not None else profile_path(self.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2))
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
-        return path
+        return write_atomic(path if path is not None else profile_path(self.key), json.dumps(self.to_dict(), indent=2))
 
     def __str__(self) -> str:
         return format_profile(self)

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
-from ..storage import storage_dir
+from ..storage import storage_dir, write_atomic
 from ..decoding.profile import cpu_has_native_bf16, make_key, profile_path, time_forwards
 from ..decoding.routing import enable
 from ..decoding.assistant import DSparkDrafter
@@ -77,9 +77,8 @@ def decode_dtype(model: str | Path, device: str | torch.device = "cpu") -> tuple
         cost = json.loads(path.read_text())["cost_ms"]
     else:
         cost = {name: decode_cost(model, DTYPES[name]) for name in ("float32", "bfloat16")}
-        path.parent.mkdir(parents=True, exist_ok=True)
         record = {"key": dataclasses.asdict(key), "cost_ms": cost, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        path.write_text(json.dumps(record, indent=2))
+        write_atomic(path, json.dumps(record, indent=2))
     prompt, new = REFERENCE_REQUEST
     total = {name: c["prefill"] + new * c["step"] for name, c in cost.items()}
     seen = (f"a {prompt}-token prompt and {new} new tokens take {total['bfloat16'] / 1e3:.3g} s in bf16 vs "
