@@ -22,7 +22,8 @@ import time
 import torch
 
 from hf_dspark import DecodingOptions
-from hf_dspark.decoding import candidate, profile as prof
+from hf_dspark.decoding import candidate
+from hf_dspark.decoding import profile as prof
 from hf_dspark.decoding.linears import round_linears
 from hf_dspark.eval.bench import load_prompts
 from hf_dspark.io.loading import load_target_and_drafter
