@@ -48,7 +48,8 @@ def add_parser(subparsers) -> None:
                    "master weights); auto: bfloat16 where the device has native bf16. A run may resume under another")
     p.add_argument("--draft-vocab", type=common.positive, default=None, metavar="N",
                    help="train (and draft) on the N most frequent response tokens of the data (+ EOS) only: "
-                   "q = 0 outside them, as when drafting; fixed at the run's start")
+                   "q = 0 outside them, as when drafting; fixed at the run's start (with --init-from: its "
+                   "vocabulary, grown to N with the data's most frequent other tokens if N is larger)")
     p.add_argument("--warm-start", type=int, nargs="+", default=None, metavar="LAYER",
                    help="initialise drafter layer i from target layer LAYER_i (e.g. the last ones: -2 -1)")
     p.add_argument("--init-from", default=None, metavar="DRAFTER",

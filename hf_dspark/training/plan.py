@@ -141,9 +141,22 @@ def _digest(records: list[dict]) -> str:
 
 def frequent_tokens(records: list[dict], n: int, always: list[int] = ()) -> list[int]:
     """The `n` most frequent response tokens of `records` (ties by id), plus `always` (EOS): a draft vocabulary."""
+    return sorted(set(_by_frequency(records)[:n]) | {int(t) for t in always})
+
+
+def grown_vocabulary(ids: list[int], records: list[dict], n: int) -> list[int]:
+    """`ids` (a trained drafter's draft vocabulary) plus the most frequent response tokens of `records` it lacks
+    (ties by id), up to `n` ids in all: a next stage drafts everything the last one did, and more."""
+    have = {int(t) for t in ids}
+    extra = [t for t in _by_frequency(records) if t not in have][: max(n - len(have), 0)]
+    return sorted(have | set(extra))
+
+
+def _by_frequency(records: list[dict]) -> list[int]:
+    """Token ids up to the largest response token of `records`, most frequent first (stable: equal counts keep id
+    order)."""
     counts = torch.bincount(torch.tensor([t for r in records for t in r["ids"][r["n_prompt"]:]]))
-    top = torch.sort(-counts, stable=True).indices[:n].tolist()  # stable: equal counts keep id order
-    return sorted(set(top) | {int(t) for t in always})
+    return torch.sort(-counts, stable=True).indices.tolist()
 
 
 def collate(recs: list[dict], pad_id: int):

@@ -26,7 +26,8 @@ from .data import eos_ids, source_of
 from .features import FeatureSource, base_model
 from .losses import LossWeights, combine, weighted_sums
 from .objective import DraftObjective, simulated_tau
-from .plan import DataPlan, anchor_generators, collate, frequent_tokens, load_records, same_data, split
+from .plan import (DataPlan, anchor_generators, collate, frequent_tokens, grown_vocabulary, load_records,
+                   same_data, split)
 from .schedule import lr_lambda, plan_schedule
 from .signals import StopSignal, must_stop
 
@@ -133,7 +134,7 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     out = Path(cfg.output_dir)
     state, saved = _saved_state(out)
     same = same_data(cfg) if cfg.same_data_as and saved is None else None  # a resume has its own plan and vocab
-    _fix_draft_vocab(cfg, drafter, same, train_recs, target)
+    _fix_draft_vocab(cfg, drafter, same, train_recs, target, resuming=saved is not None)
     if cfg.precision == "bf16":  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 weights
         target.to(torch.bfloat16)
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
@@ -197,9 +198,10 @@ def _saved_state(out: Path) -> tuple[Path | None, dict | None]:
 
 
 def _fix_draft_vocab(cfg: TrainConfig, drafter: DSparkDrafter, same: dict | None, train_recs: list[dict],
-                     target) -> None:
-    """The draft vocabulary is fixed at the run's start: init_from's, same_data_as's, or the training records'
-    most frequent tokens; a resume loads the saved one (the data may have grown since)."""
+                     target, resuming: bool) -> None:
+    """The draft vocabulary is fixed at the run's start: init_from's (grown to cfg.draft_vocab ids with the training
+    records' most frequent others, if that is more), same_data_as's, or the training records' most frequent tokens;
+    a resume loads the saved one (the data may have grown since)."""
     if cfg.init_from is not None and bool(cfg.draft_vocab) != (drafter.draft_vocab is not None):
         raise ValueError(f"init_from={cfg.init_from} {'has' if drafter.draft_vocab is not None else 'has no'} draft "
                          f"vocabulary but draft_vocab={cfg.draft_vocab}: give the setting it was trained with")
@@ -209,6 +211,14 @@ def _fix_draft_vocab(cfg: TrainConfig, drafter: DSparkDrafter, same: dict | None
     if cfg.draft_vocab and drafter.draft_vocab is None:
         drafter.set_draft_vocab(same["draft_vocab"] if same else
                                 frequent_tokens(train_recs, cfg.draft_vocab, eos_ids(target)))
+    elif cfg.init_from is not None and cfg.draft_vocab and not resuming:
+        have = drafter.draft_vocab.numel()
+        if have > cfg.draft_vocab + 1:  # a vocabulary of N is the N most frequent tokens, + EOS where it was not one
+            raise ValueError(f"init_from={cfg.init_from} drafts from {have} tokens; draft_vocab={cfg.draft_vocab} "
+                             f"would drop tokens it was trained on: give {have} or more (more adds the training "
+                             "data's most frequent other tokens)")
+        if have < cfg.draft_vocab:
+            drafter.set_draft_vocab(grown_vocabulary(drafter.draft_vocab.tolist(), train_recs, cfg.draft_vocab))
 
 
 def _optimisation(cfg: TrainConfig, acc, drafter: DSparkDrafter, saved: dict | None, n_train: int):

@@ -98,3 +98,14 @@ def test_mix_that_drops_every_source_is_refused_by_name():
     with pytest.raises(ValueError, match="fewer records than one batch of 2"):
         DataPlan(_stream({"math": 2, "chat": 2}), batch_size=2, seed=0, mix={"math": 0, "chat": 0})
     DataPlan(_stream({"math": 2, "chat": 2}), batch_size=2, seed=0, mix={"math": 0})  # one source left: fine
+
+
+def test_grown_vocabulary_keeps_its_ids_and_adds_the_most_frequent_others():
+    from hf_dspark.training.plan import grown_vocabulary
+
+    recs = [{"ids": [4, 9, 1, 2, 2, 2, 3, 3, 5], "n_prompt": 1}, {"ids": [4, 4, 4, 6, 5], "n_prompt": 3}]
+    # responses: 9 1 2 2 2 3 3 5 | 6 5 → others by count: 2 (3), 3 (2), 5 (2), then 1, 6 (ties by id); 4 is prompt only
+    assert grown_vocabulary([9, 7], recs, 4) == [2, 3, 7, 9]
+    assert grown_vocabulary([9, 7], recs, 5) == [2, 3, 5, 7, 9]
+    assert grown_vocabulary([9, 7], recs, 7) == [1, 2, 3, 5, 6, 7, 9]
+    assert grown_vocabulary([9, 7], recs, 2) == grown_vocabulary([7, 9], recs, 1) == [7, 9]

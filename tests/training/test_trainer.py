@@ -300,6 +300,41 @@ def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
               records=recs)
 
 
+def test_init_from_grows_the_draft_vocabulary_and_never_shrinks_it(tmp_path):
+    """A next stage with a larger draft_vocab drafts everything init_from did plus the new data's most frequent other
+    tokens; a resume keeps the vocabulary it saved (the data may grow); fewer ids than init_from's are refused."""
+    from collections import Counter
+
+    from safetensors.torch import load_file
+
+    from hf_dspark.training.plan import split
+    from hf_dspark.training.trainer import TrainConfig, train
+
+    t = tiny_target()
+    recs = target_records(t, 24, resp_len=16)
+    kw = {"data": "", "num_layers": 1, "markov_rank": 8, "batch_size": 4, "num_anchors": 4, "val_size": 4,
+          "eval_every": 0, "save_every": 0, "lr": 3e-3, "max_steps": 2, "draft_vocab": 12}
+    train(TrainConfig(output_dir=str(tmp_path / "stage1"), **kw), target=t, records=recs[:12])
+    old = load_file(state(tmp_path / "stage1") / "drafter" / "model.safetensors")["draft_vocab"].tolist()
+    init = str(state(tmp_path / "stage1") / "drafter")
+    cfg = TrainConfig(output_dir=str(tmp_path / "stage2"), init_from=init, **{**kw, "draft_vocab": 20})
+    out = train(cfg, target=t, records=recs)
+    vocab = out["drafter"].draft_vocab.tolist()
+    assert len(vocab) == 20 and set(old) <= set(vocab)
+    # the ids added are the most frequent response tokens of stage 2's training records that stage 1 lacked
+    train_recs, _ = split(recs, 4)
+    counts = Counter(tok for r in train_recs for tok in r["ids"][r["n_prompt"]:] if tok not in old)
+    added = sorted(set(vocab) - set(old))
+    assert min(counts[a] for a in added) >= max((c for k, c in counts.items() if k not in added), default=0)
+    assert load_file(state(tmp_path / "stage2") / "drafter" / "model.safetensors")["draft_vocab"].tolist() == vocab
+    more = recs + [{**r, "id": f"more:{i}"} for i, r in enumerate(target_records(t, 8, resp_len=16, seed=5))]
+    again = train(TrainConfig(**{**cfg.__dict__, "max_steps": 3}), target=t, records=more)  # a resume
+    assert again["drafter"].draft_vocab.tolist() == vocab
+    with pytest.raises(ValueError, match="drafts from 1[23] tokens; draft_vocab=6 would drop"):
+        train(TrainConfig(**{**cfg.__dict__, "output_dir": str(tmp_path / "s"), "draft_vocab": 6}), target=t,
+              records=recs)
+
+
 def test_a_run_record_without_its_state_is_not_overwritten(tmp_path):
     """A finished run committed without its state (metrics and config only) must not be restarted from scratch in
     place by rerunning its command: refused, pointing at --init-from."""
