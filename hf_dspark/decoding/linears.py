@@ -80,14 +80,15 @@ def _bound(max_rows: int):
     return forward
 
 
-def round_linears(linear: str, block_size: int, target: nn.Module, drafter, draft_head: nn.Module
-                  ) -> WeightMajorLinears | None:
+def round_linears(linear: str, block_size: int, target: nn.Module, drafter, draft_head: nn.Module,
+                  loop: str = "assisted") -> WeightMajorLinears | None:
     """The layers a round of a call with γ = block_size multiplies with under a profile's `linear` (LINEARS): the
-    target's (verification), the drafter's and its draft LM head's (draft_weights()); None for "stock". A drafter
-    that is not an nn.Module keeps its own products."""
+    target's (verification), the drafter's and its draft LM head's (draft_weights()); None for "stock". On the
+    compiled `loop` the target's multi-row forwards are the compiler's kernels, so the form goes on the drafter's
+    side only. A drafter that is not an nn.Module keeps its own products."""
     if linear not in LINEARS:
         raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
     if linear == "stock":
         return None
-    models = [m for m in (target, drafter, draft_head) if isinstance(m, nn.Module)]
+    models = [m for m in (None if loop == "compiled" else target, drafter, draft_head) if isinstance(m, nn.Module)]
     return WeightMajorLinears(*models, max_rows=padded(block_size + 1))

@@ -211,18 +211,49 @@ def test_profile_records_its_choice_and_measures_the_curve_with_it(monkeypatch):
     assert prof.DeviceProfile.from_dict(p.to_dict()) == p
 
 
-def test_the_compiled_loop_keeps_the_compiler_s_products(monkeypatch):
+def test_the_compiled_loop_s_a_b_is_the_drafter_s_round(monkeypatch):
+    """The compiled loop's verification kernels are the compiler's: its A/B times the drafter's round alone, and the
+    profile's curve is measured with the target's own products."""
     model = tiny_target()
-    monkeypatch.setattr(prof, "choose_linear", lambda *a, **kw: pytest.fail("no A/B on the compiled loop"))
-    monkeypatch.setattr(prof, "time_forwards", fake_forwards(1.0, 1.0))
-    monkeypatch.setattr(prof, "time_drafter", lambda *a, **kw: 0.1)
-    p = prof._measure(model, drafter_for(model), 16, 0, 1, 0, "compiled")
-    assert p.linear == "stock" and p.linear_ab == {}
+    drafter = drafter_for(model)
+    forms = []
+
+    def forwards(target, lengths, *a, **kw):
+        forms.append(installed(target.lm_head))
+        return ForwardTimes(prefill=0.0, forward={k: [1.0] * 3 for k in lengths}, rollback=[0.0])
+
+    monkeypatch.setattr(prof, "time_forwards", forwards)
+    monkeypatch.setattr(prof, "time_drafter", fake_drafter(0.5, 0.2))
+    p = prof._measure(model, drafter, 16, 0, 1, 0, "compiled")
+    assert p.linear == "weight_major" and p.linear_ab == {"stock": {"draft": 0.5}, "weight_major": {"draft": 0.2}}
+    assert forms == [False] and p.draft_time == 0.2  # the curve: the target's products; the round: the form's
+    monkeypatch.setattr(prof, "time_drafter", fake_drafter(0.5, 0.49))
+    assert prof._measure(model, drafter, 16, 0, 1, 0, "compiled").linear == "stock"  # under LINEAR_GAIN
+    assert none_installed(model, drafter)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+def test_the_compiled_loop_puts_the_form_on_the_drafter_s_side_only():
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    from hf_dspark.decoding.candidate import DSparkCandidateGenerator
+
+    model = tiny_target()
+    drafter = weight_major_drafter(model, "compiled")
+    config = GenerationConfig(do_sample=False, max_length=40, eos_token_id=model.generation_config.eos_token_id)
+    candidate = DSparkCandidateGenerator(model, drafter, config, LogitsProcessorList(), drafter.options)
+    layers = {id(m) for m in candidate.linears.layers}
+    target = {id(m) for m in model.modules()}
+    ours = {id(m) for m in drafter.modules() if type(m) is nn.Linear and id(m) not in target}
+    assert ours and ours <= layers and id(candidate.weights[1]) in layers and not layers & target
+    static = weight_major_drafter(model, "static")
+    eager = DSparkCandidateGenerator(model, static, config, LogitsProcessorList(), static.options)
+    assert id(model.lm_head) in {id(m) for m in eager.linears.layers}  # the eager loops: the target's too
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_profile_from_before_the_round_a_b_is_measured_again(tmp_path, version):
-    """Version 1 had no A/B, version 2 one of the target's forwards only (and sampled drafter rounds)."""
+    """Version 1 had no A/B, version 2 one of the target's forwards only (and sampled drafter rounds), version 3
+    none on the compiled loop."""
     model = tiny_target()
     drafter = drafter_for(model)
     p = synthetic_profile(model, drafter, [1.0, 1.1, 1.2, 1.3, 1.4])
@@ -231,7 +262,7 @@ def test_a_profile_from_before_the_round_a_b_is_measured_again(tmp_path, version
     if version == 1:
         del old["key"]["version"], old["linear"], old["linear_ab"]
     else:
-        old["key"]["version"] = 2
+        old["key"]["version"] = version
     path = tmp_path / "old.json"
     path.write_text(__import__("json").dumps(old))
     with pytest.raises(prof.ProfileMismatchError, match="version"):
