@@ -69,7 +69,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # installed once the prefill (which keeps plain generate()'s products) is done and removed by `close` at the
         # end of the call (linears.py)
         self.linears = round_linears(getattr(self.policy.profile, "linear", "stock"), cfg.block_size, target, drafter,
-                                     self.weights[1], options.loop)
+                                     self.weights[1])
         drafter.last_stats = self.stats
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ one-row steps; greedy identity with plain generate() is tested on both forms.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Self
 
@@ -74,21 +75,24 @@ class WeightMajorLinears:
         self.remove()
 
 
+@functools.cache
 def _bound(max_rows: int):
+    # one function per max_rows: torch.compile guards on it, so a call that installs the form again reuses the graphs
+    # compiled with it
     def forward(self, x):
         return weight_major_forward(self, x, max_rows)
     return forward
 
 
-def round_linears(linear: str, block_size: int, target: nn.Module, drafter, draft_head: nn.Module,
-                  loop: str = "assisted") -> WeightMajorLinears | None:
+def round_linears(linear: str, block_size: int, target: nn.Module, drafter, draft_head: nn.Module
+                  ) -> WeightMajorLinears | None:
     """The layers a round of a call with γ = block_size multiplies with under a profile's `linear` (LINEARS): the
-    target's (verification), the drafter's and its draft LM head's (draft_weights()); None for "stock". On the
-    compiled `loop` the target's multi-row forwards are the compiler's kernels, so the form goes on the drafter's
-    side only. A drafter that is not an nn.Module keeps its own products."""
+    target's (verification; on the compiled loop its graphs are traced with the form installed, loop.py), the
+    drafter's and its draft LM head's (draft_weights()); None for "stock". A drafter that is not an nn.Module keeps
+    its own products."""
     if linear not in LINEARS:
         raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
     if linear == "stock":
         return None
-    models = [m for m in (None if loop == "compiled" else target, drafter, draft_head) if isinstance(m, nn.Module)]
+    models = [m for m in (target, drafter, draft_head) if isinstance(m, nn.Module)]
     return WeightMajorLinears(*models, max_rows=padded(block_size + 1))

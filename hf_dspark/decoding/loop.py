@@ -74,13 +74,16 @@ class StaticVerifier:
     pay on the CPUs measured, docs/benchmarks.md)."""
 
     def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1,
-                 run_as: dict[int, int] | None = None):
+                 run_as: dict[int, int] | None = None, forms=None):
         """longest: the most tokens a verification may take (γ + 1); compiled, every length up to it is compiled
         here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
         later process mostly reloads them). run_as: n tokens → the (larger) number of tokens to feed instead, where
         the device profile measured that longer forward as cheaper (a compiled 2-token forward can cost less than
-        the eager 1-token step); it depends only on n, so it stays lossless."""
-        self.model, self.hidden_states, self.longest = model, hidden_states, longest
+        the eager 1-token step); it depends only on n, so it stays lossless. forms: the call's round products
+        (linears.round_linears, None for F.linear), installed while the lengths compile, so that the graphs are
+        the ones its verifications run (on some CPUs a graph traced with weight-major products costs half as
+        much)."""
+        self.model, self.hidden_states, self.longest, self.forms = model, hidden_states, longest, forms
         self.run_as = run_as or {}
         self.fed = self.real = 0  # tokens the last verification fed (padding included) and of them real ones
         self.cache = _static_cache(model, max_len)
@@ -92,9 +95,21 @@ class StaticVerifier:
         """Run each length once on the filled cache (a graph traced on an empty one would be traced again) and roll
         it back."""
         done = self.model.__dict__.setdefault("_dspark_compiled_lengths", set())
-        todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache)) not in done]
+        form = self.forms is not None
+        todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache), form) not in done]
         if not todo:
             return
+        installed = form and self.forms.installed
+        if form:
+            self.forms.install()
+        try:
+            self._compile(todo, done, form)
+        finally:
+            if form and not installed:
+                self.forms.remove()
+
+    def _compile(self, todo: list[int], done: set, form: bool) -> None:
+        """Run the lengths `todo` once each (compiling them) and mark them done for this cache and form."""
         logger.warning(f"DSpark: compiling the target's verification forward for {todo} tokens (once per "
                        "process; on a new machine ~30 s each on a CPU, later runs reload torch's cached kernels)")
         t0 = time.perf_counter()
@@ -112,7 +127,7 @@ class StaticVerifier:
                                "eagerly instead (same output, the eager loop's speed)")
                 return
             self.cache.crop(-L)
-            done.add((L, id(self.cache)))
+            done.add((L, id(self.cache), form))
         logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
 
     def prefill(self, input_ids: torch.Tensor):
@@ -183,7 +198,7 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
     run_as = {} if profile is None else {n: pad_length(n - 1, profile.verify_time) + 1
                                          for n in range(1, len(profile.verify_time) + 1)}
     verifier = StaticVerifier(model, room(generation_config, candidate.block_size), candidate.model_kwargs_overrides["output_hidden_states"], compiled,
-                              longest=candidate.block_size + 1, run_as=run_as)
+                              longest=candidate.block_size + 1, run_as=run_as, forms=candidate.linears)
     # the prefill: transformers' first assisted round (no candidates; the first token drawn from the last row)
     candidate.get_candidates(input_ids, is_first_iteration=True)
     out = verifier.prefill(input_ids)

@@ -12,8 +12,8 @@ A profile holds, for one (target, drafter shape, dtype, device, torch, loop) com
   rollback_time      median seconds of cropping the target cache back after a verification;
   linear             how a round's few-row products multiply ("stock" F.linear or "weight_major", linears.py): the
                      faster of the two in an A/B of the target's verification forwards and the drafter's round
-                     (`linear_ab`), chosen before the rest is measured with it (on the compiled loop the target's
-                     verification kernels are the compiler's: there the form and its A/B are the drafter's round's).
+                     (`linear_ab`), chosen before the rest is measured with it (on the compiled loop the
+                     verification graphs are compiled with each form installed).
 The measured curve is used as is: on CPU in fp32 it is not monotone, so no
 smooth cost model would do. Profiles are cached as JSON under `storage.storage_dir()/profiles/`, keyed by
 `ProfileKey`; a profile is never used for another key (loading one raises `ProfileMismatchError`).
@@ -58,7 +58,7 @@ class ProfileKey:
     torch: str
     loop: str = "assisted"  # the decoding loop measured (DecodingOptions.loop): "assisted", "static" or "compiled"
     # what a profile measures: 2 adds the linear A/B, 3 the drafter's round to it and greedy and sampled rounds,
-    # 4 the A/B on the compiled loop (its drafter's round); a profile of an earlier version is measured again
+    # 4 the A/B on the compiled loop too; a profile of an earlier version is measured again
     version: int = 4
 
     def slug(self) -> str:
@@ -333,7 +333,7 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop, linear=Non
         linear_ab = {}
     else:
         linear, linear_ab = choose_linear(target, drafter, weights, gamma, cache_len, seed, taps, loop)
-    with round_forms(target, drafter, weights, linear, loop):
+    with round_forms(target, drafter, weights, linear):
         timed = time_forwards(target, range(1, gamma + 2), cache_len, warmup, repeats, seed, taps=taps, loop=loop)
         verify, rollback = timed.forward, timed.rollback
         verify_time = [statistics.median(verify[k]) for k in verify]
@@ -369,29 +369,27 @@ def _measure(target, drafter, cache_len, warmup, repeats, seed, loop, linear=Non
 LINEAR_GAIN = 0.95  # weight-major is chosen only below 95 % of stock's time: a tie is not worth a change
 
 
-def round_forms(target, drafter, weights, linear: str, loop: str) -> WeightMajorLinears | contextlib.nullcontext:
+def round_forms(target, drafter, weights, linear: str) -> WeightMajorLinears | contextlib.nullcontext:
     """A context that runs a round's products (the target's verification forwards, the drafter's round and the
-    draft LM head of `weights` = drafter.draft_weights()) as `linear` names (linears.LINEARS) on `loop`."""
-    return (round_linears(linear, drafter.config.block_size, target, drafter, weights[1], loop)
-            or contextlib.nullcontext())
+    draft LM head of `weights` = drafter.draft_weights()) as `linear` names (linears.LINEARS)."""
+    return round_linears(linear, drafter.config.block_size, target, drafter, weights[1]) or contextlib.nullcontext()
 
 
 def choose_linear(target, drafter, weights, gamma: int, cache_len: int, seed: int, taps, loop: str,
                   repeats: int = 3) -> tuple[str, dict]:
     """A/B of a round's products, stock and weight-major: the target's verification forwards (2, the middle and
     γ + 1 tokens) and a greedy drafter round of γ drafts → (the faster, {form: {tokens: median s, "draft": median s}}).
-    Each verification counts with one drafter round; weight-major must take under LINEAR_GAIN of stock's total. On
-    the compiled loop, whose verification kernels are the compiler's, the drafter's round alone decides."""
-    lengths = [] if loop == "compiled" else sorted({2, gamma // 2 + 1, gamma + 1})
+    Each verification counts with one drafter round; weight-major must take under LINEAR_GAIN of stock's total.
+    On the compiled loop each form's graphs are compiled with it installed (in the untimed warm-up)."""
+    lengths = sorted({2, gamma // 2 + 1, gamma + 1})
     medians = {}
     for form in LINEARS:
-        with round_forms(target, drafter, weights, form, loop):
+        with round_forms(target, drafter, weights, form):
             forward = time_forwards(target, lengths, cache_len, warmup=1, repeats=repeats, seed=seed, taps=taps,
-                                    loop=loop).forward if lengths else {}
+                                    loop=loop).forward
             draft = time_drafter(drafter, gamma, cache_len, warmup=2, repeats=3 * repeats, weights=weights)
         medians[form] = {**{str(k): statistics.median(v) for k, v in forward.items()}, "draft": draft}
-    total = {form: sum(m[str(k)] for k in lengths) + max(1, len(lengths)) * m["draft"]
-             for form, m in medians.items()}
+    total = {form: sum(m[str(k)] + m["draft"] for k in lengths) for form, m in medians.items()}
     return ("weight_major" if total["weight_major"] < LINEAR_GAIN * total["stock"] else "stock"), medians
 
 

@@ -162,6 +162,7 @@ def fake_drafter(stock: float, weight_major: float):
     return timed
 
 
+@pytest.mark.parametrize("loop", ["assisted", "compiled"])
 @pytest.mark.parametrize("forwards,drafts,chosen", [
     ((1.0, 0.5), (0.1, 0.1), "weight_major"),
     ((1.0, 0.97), (0.0, 0.0), "stock"),  # under LINEAR_GAIN
@@ -169,13 +170,14 @@ def fake_drafter(stock: float, weight_major: float):
     ((1.0, 0.96), (0.5, 0.2), "weight_major"),  # the drafter's round decides a near tie of the verifications
     ((1.0, 0.9), (0.2, 0.5), "stock"),
 ])
-def test_the_a_b_chooses_by_a_round_s_time(monkeypatch, forwards, drafts, chosen):
-    """Each verification length counts with one drafter round; weight-major needs under 95 % of stock's total."""
+def test_the_a_b_chooses_by_a_round_s_time(monkeypatch, forwards, drafts, chosen, loop):
+    """Each verification length counts with one drafter round; weight-major needs under 95 % of stock's total (on
+    the compiled loop too, whose graphs each form compiles with it installed)."""
     model = tiny_target()
     drafter = drafter_for(model)
     monkeypatch.setattr(prof, "time_forwards", fake_forwards(*forwards))
     monkeypatch.setattr(prof, "time_drafter", fake_drafter(*drafts))
-    got, medians = choose_linear(model, drafter, drafter.draft_weights(), 7, 32, 0, [1], "assisted")
+    got, medians = choose_linear(model, drafter, drafter.draft_weights(), 7, 32, 0, [1], loop)
     assert got == chosen
     for form, f, d in zip(("stock", "weight_major"), forwards, drafts):
         assert medians[form] == {"2": f, "4": f, "8": f, "draft": d}
@@ -211,43 +213,34 @@ def test_profile_records_its_choice_and_measures_the_curve_with_it(monkeypatch):
     assert prof.DeviceProfile.from_dict(p.to_dict()) == p
 
 
-def test_the_compiled_loop_s_a_b_is_the_drafter_s_round(monkeypatch):
-    """The compiled loop's verification kernels are the compiler's: its A/B times the drafter's round alone, and the
-    profile's curve is measured with the target's own products."""
-    model = tiny_target()
-    drafter = drafter_for(model)
-    forms = []
-
-    def forwards(target, lengths, *a, **kw):
-        forms.append(installed(target.lm_head))
-        return ForwardTimes(prefill=0.0, forward={k: [1.0] * 3 for k in lengths}, rollback=[0.0])
-
-    monkeypatch.setattr(prof, "time_forwards", forwards)
-    monkeypatch.setattr(prof, "time_drafter", fake_drafter(0.5, 0.2))
-    p = prof._measure(model, drafter, 16, 0, 1, 0, "compiled")
-    assert p.linear == "weight_major" and p.linear_ab == {"stock": {"draft": 0.5}, "weight_major": {"draft": 0.2}}
-    assert forms == [False] and p.draft_time == 0.2  # the curve: the target's products; the round: the form's
-    monkeypatch.setattr(prof, "time_drafter", fake_drafter(0.5, 0.49))
-    assert prof._measure(model, drafter, 16, 0, 1, 0, "compiled").linear == "stock"  # under LINEAR_GAIN
-    assert none_installed(model, drafter)
-
-
-def test_the_compiled_loop_puts_the_form_on_the_drafter_s_side_only():
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    from hf_dspark.decoding.candidate import DSparkCandidateGenerator
+def test_the_compiled_loop_compiles_and_verifies_with_the_call_s_form(monkeypatch):
+    """Its graphs are traced with the round's products installed (compiled once per form: a second call reuses
+    them), every verification runs with them, and decoding stays greedy-identical."""
+    from hf_dspark.decoding import loop as loop_module
+    from hf_dspark.decoding.linears import _bound
 
     model = tiny_target()
     drafter = weight_major_drafter(model, "compiled")
-    config = GenerationConfig(do_sample=False, max_length=40, eos_token_id=model.generation_config.eos_token_id)
-    candidate = DSparkCandidateGenerator(model, drafter, config, LogitsProcessorList(), drafter.options)
-    layers = {id(m) for m in candidate.linears.layers}
-    target = {id(m) for m in model.modules()}
-    ours = {id(m) for m in drafter.modules() if type(m) is nn.Linear and id(m) not in target}
-    assert ours and ours <= layers and id(candidate.weights[1]) in layers and not layers & target
-    static = weight_major_drafter(model, "static")
-    eager = DSparkCandidateGenerator(model, static, config, LogitsProcessorList(), static.options)
-    assert id(model.lm_head) in {id(m) for m in eager.linears.layers}  # the eager loops: the target's too
+    traced = []
+
+    def compiled_forward(m):  # stands in for torch.compile: records the form each graph call runs under
+        def forward(*a, **kw):
+            traced.append((kw["cache"].get_seq_length(), installed(m.lm_head)))
+            return m.forward(*a, **kw)
+        return forward
+
+    monkeypatch.setattr(loop_module, "_compiled_forward", compiled_forward)
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=30)
+    for call in range(2):
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=30, assistant_model=drafter)
+        assert out.tolist() == plain.tolist() and not drafter.last_stats.fallback
+        assert traced and all(form for _, form in traced), traced
+        assert none_installed(model, drafter)
+        traced.clear()
+    assert {key[2] for key in model.__dict__["_dspark_compiled_lengths"]} == {True}
+    assert "forward" not in model.lm_head.__dict__  # removed: the class's forward again
+    with WeightMajorLinears(model, max_rows=8):
+        assert model.lm_head.forward.__func__ is _bound(8)  # one function per max_rows: compiled graphs' guards hold
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
