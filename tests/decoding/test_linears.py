@@ -135,16 +135,26 @@ def test_removed_when_the_call_fails():
     assert none_installed(model, drafter)
 
 
-def test_sampling_exact_with_weight_major_verification():
+def eager_compile(m):
+    """Stands in for torch.compile in the loop (loop._compiled_forward): the compiled loop's path, eagerly."""
+    return m.forward
+
+
+@pytest.mark.parametrize("loop", ["assisted", "compiled"])
+def test_sampling_exact_with_weight_major_verification(loop, monkeypatch):
+    from hf_dspark.decoding import loop as loop_module
+
+    monkeypatch.setattr(loop_module, "_compiled_forward", eager_compile)
     model, drafter = setup(head="markov")
     spread_confidence(drafter)
     profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15]), linear="weight_major")
-    drafter.options = DecodingOptions("scheduler", ngram_drafts=False, device_profile=profile)
+    profile = dataclasses.replace(profile, key=dataclasses.replace(profile.key, loop=loop))
+    drafter.options = DecodingOptions("scheduler", ngram_drafts=False, device_profile=profile, loop=loop)
     exact = exact_distribution(model, SAMPLING_PROMPT, STEPS, processors())
     samples = sample_counts(model, drafter, SAMPLING_PROMPT, STEPS, N, seed=123)
-    assert sum(r.verified for r in drafter.last_stats.rounds) > 0
+    assert sum(r.verified for r in drafter.last_stats.rounds) > 0 and not drafter.last_stats.fallback
     p = fit_pvalue(samples, exact)
-    assert p >= ALPHA, f"weight-major verification: samples deviate from the target's law (p={p:.2e})"
+    assert p >= ALPHA, f"weight-major verification, {loop} loop: samples deviate from the target's law (p={p:.2e})"
 
 
 def fake_forwards(stock: float, weight_major: float):
