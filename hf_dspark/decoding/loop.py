@@ -1,5 +1,6 @@
 """DSpark's own verification loop: a static KV cache, verification forwards at a few fixed lengths, rollback by
-moving the cache's position, and the multi-token forward compiled (torch.compile, one graph per length).
+moving the cache's position, and the multi-token forward compiled (torch.compile: one graph whose token count is
+symbolic, for every verification length).
 
 Drafting, the verify policy, the stats and the rollback of stateful processors stay the candidate generator's
 (candidate.py), exactly as on transformers' assisted loop; this loop replaces only the loop around them, for the
@@ -75,8 +76,8 @@ class StaticVerifier:
 
     def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1,
                  run_as: dict[int, int] | None = None, forms=None):
-        """longest: the most tokens a verification may take (γ + 1); compiled, every length up to it is compiled
-        here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
+        """longest: the most tokens a verification may take (γ + 1); compiled, the one graph for every length up to it
+        is compiled here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
         later process mostly reloads them). run_as: n tokens → the (larger) number of tokens to feed instead, where
         the device profile measured that longer forward as cheaper (a compiled 2-token forward can cost less than
         the eager 1-token step); it depends only on n, so it stays lossless. forms: the call's round products
@@ -88,12 +89,22 @@ class StaticVerifier:
         self.fed = self.real = 0  # tokens the last verification fed (padding included) and of them real ones
         self.cache = _static_cache(model, max_len)
         compiled = compiled and "_dspark_compile_error" not in model.__dict__  # failed once: eager from then on
-        self.forward = _compiled_forward(model) if compiled else model.forward
+        self.forward = self._dynamic_length(_compiled_forward(model)) if compiled else model.forward
         self.compiled = compiled
+
+    def _dynamic_length(self, compiled):
+        """The compiled forward with the token count marked symbolic in 2..padded(longest): one graph serves every
+        verification length (a graph per length took twice as long to compile, docs/scheduler.md)."""
+        most = padded(self.longest)
+
+        def forward(tokens: torch.Tensor, **kwargs):
+            torch._dynamo.mark_dynamic(tokens, 1, min=2, max=max(most, 2))
+            return compiled(tokens, **kwargs)
+        return forward
 
     def _compile_lengths(self, longest: int) -> None:
         """Run each length once on the filled cache (a graph traced on an empty one would be traced again) and roll
-        it back."""
+        it back: the first compiles the graph, the others check that it serves them."""
         done = self.model.__dict__.setdefault("_dspark_compiled_lengths", set())
         form = self.forms is not None
         todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache), form) not in done]
@@ -110,8 +121,9 @@ class StaticVerifier:
 
     def _compile(self, todo: list[int], done: set, form: bool) -> None:
         """Run the lengths `todo` once each (compiling them) and mark them done for this cache and form."""
-        logger.warning(f"DSpark: compiling the target's verification forward for {todo} tokens (once per "
-                       "process; on a new machine ~30 s each on a CPU, later runs reload torch's cached kernels)")
+        logger.warning(f"DSpark: compiling the target's verification forward for {todo[0]}-{todo[-1]} tokens (once "
+                       "per process and cache size: minutes on a CPU the first time, less once torch has cached "
+                       "the kernels)")
         t0 = time.perf_counter()
         filled = self.cache.get_seq_length()
         for L in todo:
@@ -158,6 +170,8 @@ class StaticVerifier:
 CACHE_STEP = 512  # a static cache's length is rounded up to this: calls of similar lengths share one cache
 
 
+
+
 def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
     """The model's static cache (reset unless `reset=False`), if it holds `length` positions; else a new one of
     `length` rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across
@@ -177,7 +191,7 @@ def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
 def _compiled_forward(model):
     compiled = getattr(model, "_dspark_compiled_forward", None)
     if compiled is None:
-        compiled = torch.compile(model.forward, dynamic=False)
+        compiled = torch.compile(model.forward, dynamic=None)  # the length is marked dynamic (StaticVerifier)
         model.__dict__["_dspark_compiled_forward"] = compiled
     return compiled
 

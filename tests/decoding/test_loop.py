@@ -54,12 +54,18 @@ def test_greedy_equals_plain(family, policy, ngram, monkeypatch):
         assert len({r.accepted for r in drafter.last_stats.rounds if r.verified}) > 2
 
 
-def test_compiled_verification_equals_plain():
+def test_compiled_verification_equals_plain_with_one_graph_for_every_length():
+    """Verifications of 2, 4 and 8 tokens run one graph (the length is symbolic), compiled once."""
+    from torch._dynamo.utils import counters
+
     model = tiny_target()
     torch.manual_seed(0)
-    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    drafter = DSparkDrafter.from_target(model, block_size=7, target_layer_ids=[0, 2])
+    before = counters["stats"]["unique_graphs"]
     plain, out = _greedy(model, drafter, DecodingOptions("all", ngram_drafts=False, loop="compiled"))
     assert out.tolist() == plain.tolist()
+    assert {key[0] for key in model.__dict__["_dspark_compiled_lengths"]} == {2, 4, 8}
+    assert counters["stats"]["unique_graphs"] - before == 1
 
 
 def test_a_compile_that_fails_leaves_the_loop_eager_and_exact(monkeypatch, caplog):
