@@ -170,6 +170,14 @@ class StaticVerifier:
 CACHE_STEP = 512  # a static cache's length is rounded up to this: calls of similar lengths share one cache
 
 
+def reserve(model, positions: int) -> None:
+    """Size the static cache DSpark's own loops keep on `model` for calls of up to `positions` positions (prompt +
+    max_new_tokens), as a warm-up call that long would. A call that needs more than the cache holds allocates a new
+    one, and on the compiled loop compiles its graph again for it (minutes on a CPU): reserve the longest call
+    expected before the first. A longer cache costs every verification a little more attention."""
+    if positions < 1:
+        raise ValueError(f"positions must be >= 1, got {positions}")
+    _static_cache(model, positions + LENGTHS[-1], reset=False)  # the longest padded verification past the last
 
 
 def _static_cache(model, length: int, reset: bool = True) -> StaticCache:

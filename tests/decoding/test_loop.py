@@ -68,6 +68,30 @@ def test_compiled_verification_equals_plain_with_one_graph_for_every_length():
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
+@pytest.mark.parametrize("reserved", [False, True])
+def test_reserve_sizes_the_cache_once_so_a_longer_call_compiles_nothing_again(reserved, monkeypatch):
+    """Without `loop.reserve`, a call longer than any before allocates a new cache, and the compiled loop compiles
+    its graph again for it (graphs are keyed by cache); reserved for the longest call, every call shares one."""
+    model = tiny_target()
+    model.config.max_position_embeddings = 2048
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    monkeypatch.setattr(loop, "_compiled_forward", lambda m: m.forward)  # the compiled path, eagerly
+    options = DecodingOptions("all", ngram_drafts=False, loop="compiled")
+    if reserved:
+        loop.reserve(model, 700)
+    for length in (10, 600):
+        prompt = torch.randint(3, 60, (1, length), generator=torch.Generator().manual_seed(length))
+        plain = model.generate(prompt, do_sample=False, max_new_tokens=12)
+        out = model.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=drafter,
+                             dspark_options=options)
+        assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "compiled"
+    caches = {key[1] for key in model.__dict__["_dspark_compiled_lengths"]}
+    assert len(caches) == (1 if reserved else 2)
+    with pytest.raises(ValueError, match="positions"):
+        loop.reserve(model, 0)
+
+
 def test_a_compile_that_fails_leaves_the_loop_eager_and_exact(monkeypatch, caplog):
     """No compiler, an op torch.compile cannot take: the compiled loop says so once and verifies eagerly."""
     model = tiny_target()

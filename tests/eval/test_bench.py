@@ -196,14 +196,23 @@ def test_dspark_on_a_static_cache_runs_and_matches_plain():
     assert res["methods"]["dspark-static"]["all"]["mismatches"] == []
 
 
-def test_dspark_on_its_own_loop_runs_and_matches_plain():
+def test_dspark_on_its_own_loop_runs_and_matches_plain(monkeypatch):
     """`--loops static`: the first DSpark policy on DSpark's own loop: same greedy tokens as plain."""
+    from transformers import StaticCache
+
     from hf_dspark import DSparkDrafter
+    from hf_dspark.decoding import loop
+    from hf_dspark.eval import bench
     from hf_dspark.eval.bench import dspark_methods, on_loop
 
     model = tiny_target(layers=2, hidden=16, heads=2, kv_heads=1)
     drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0])
     method = on_loop(dspark_methods("all", drafter)[0], "static")
     assert (method.name, method.loop) == ("dspark@static", "static")
+    made, reserved = [], []
+    monkeypatch.setattr(loop, "StaticCache", lambda **kw: made.append(kw["max_cache_len"]) or StaticCache(**kw))
+    monkeypatch.setattr(bench, "reserve", lambda m, n: reserved.append(n) or loop.reserve(m, n))
     res = run_bench(model, Tok(), [Method("plain"), method], PROMPTS[:2], max_new_tokens=6, warmup=1)
     assert res["methods"]["dspark@static"]["all"]["mismatches"] == []
+    # one cache for the whole run, sized for its longest call before the warm-up, as the static-cache peers get
+    assert reserved == [256] and len(made) == 1
