@@ -20,9 +20,10 @@ import torch
 
 from ..decoding.profile import get_profile
 from . import render as view
-from .models import HEAD_LABELS, load_demo_models
+from .models import HEAD_LABELS, load_demo_models, use_loop
 from .session import (
     MAX_PROMPT_CHARS,
+    MAX_PROMPT_TOKENS,
     Request,
     check_request,
     demo_inputs,
@@ -139,7 +140,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
 
 
 def warm_up(models) -> None:
-    """One short run of each path, so the first visitor's race does not time one-off setup costs."""
+    """One short run of each path, so the first visitor's race does not time one-off setup costs (a profile, compiling)."""
     inputs = models.tokenizer("Hi", return_tensors="pt").to(models.target.device)
     models.target.generate(**inputs, max_new_tokens=4, do_sample=False)
     for d in models.drafters.values():
@@ -151,7 +152,8 @@ def main(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     models = load_demo_models(args.target, args.drafter, args.drafter_none, args.tiny, args.tiny_steps, args.device)
-    warm_up(models)
+    use_loop(models, args.loop, MAX_PROMPT_TOKENS + args.max_new_tokens)
+    warm_up(models)  # on the compiled loop, this compiles
     demo = build(models, args.max_new_tokens)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
     demo.launch(server_name=args.host, server_port=args.port, css=view.CSS, show_error=True)

@@ -6,6 +6,7 @@ answers for a few seconds) needs no download; the end-to-end browser test and of
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -18,6 +19,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..decoding.assistant import DSparkDrafter
+from ..decoding.loop import reserve
 from ..decoding.routing import enable
 from ..io import loading
 from ..storage import storage_dir
@@ -169,3 +171,15 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
     notes = [("tiny demo: a 4-layer character model trained for seconds on a snapshot of this package's docstrings, so the "
               "text is only English-looking; the colours are real")]
     return DemoModels(target, tok, drafters, f"tiny seeded Llama ({kind})", notes, untrained=steps <= 0)
+
+
+def use_loop(models: DemoModels, loop: str, positions: int) -> None:
+    """Every drafter decodes on `loop` (DecodingOptions.loop). DSpark's own loops get one static cache sized for the
+    longest request (`positions`: prompt + new tokens), so no request allocates one, or compiles, during a race."""
+    for d in models.drafters.values():
+        if d is not None:
+            d.options = dataclasses.replace(d.options, loop=loop)
+    if loop != "assisted":
+        reserve(models.target, positions)
+        models.info.append(f"decoding loop: {loop} (DSpark's own, on a static KV cache"
+                           + (", its verification compiled at startup)" if loop == "compiled" else ")"))

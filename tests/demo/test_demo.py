@@ -212,3 +212,29 @@ def test_recorder_skips_the_prompt():
     r.put(torch.tensor([5, 6]))
     r.end()
     assert r.first_ids == [4] and r.ids == [4, 5, 6] and r.done
+
+
+def test_use_loop_puts_every_drafter_on_the_loop_with_one_cache_for_the_longest_request(monkeypatch):
+    """`hf-dspark demo --loop static|compiled`: the race's DSpark side runs on that loop, greedy-identical to plain,
+    on a cache reserved at startup (no request allocates one); a bad $HF_DSPARK_LOOP is refused by name."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.cli.demo import parse_app_args
+    from hf_dspark.decoding import loop
+    from hf_dspark.demo.models import DemoModels, tiny_target, use_loop
+
+    t = tiny_target(40)
+    d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
+    models = DemoModels(t, None, {"Markov": d, "none": None}, "tiny")
+    use_loop(models, "static", 100)
+    assert d.options.loop == "static" and "decoding loop: static" in models.info[-1]
+    cache = t.__dict__["_dspark_static_cache"][0]
+    monkeypatch.setattr(loop, "StaticCache", None)  # any new cache from here on would fail the race
+    ids = torch.tensor([[5, 6, 7, 8]])
+    gen = {"max_new_tokens": 12, "do_sample": False}
+    dspark, plain = race(t, {"input_ids": ids}, gen, d, "all", ngram=False)
+    assert dspark.error is None and torch.equal(dspark.output, plain.output)
+    assert dspark.stats.loop == "static" and t.__dict__["_dspark_static_cache"][0] is cache
+    assert parse_app_args(["--tiny", "--loop", "compiled"]).loop == "compiled"
+    monkeypatch.setenv("HF_DSPARK_LOOP", "fast")
+    with pytest.raises(SystemExit):
+        parse_app_args(["--tiny"])
