@@ -76,9 +76,9 @@ class StaticVerifier:
 
     def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1,
                  run_as: dict[int, int] | None = None, forms=None):
-        """longest: the most tokens a verification may take (γ + 1); compiled, the one graph for every length up to it
-        is compiled here, before the first round, so that no round pays for compiling (torch keeps the kernels on disk: a
-        later process mostly reloads them). run_as: n tokens → the (larger) number of tokens to feed instead, where
+        """longest: the most tokens a verification may take (γ + 1); compiled, the one graph for every length up to
+        it is compiled here, before the first round, so that no round pays for compiling (torch keeps the kernels on
+        disk: a later process mostly reloads them). run_as: n tokens → the (larger) number of tokens to feed instead, where
         the device profile measured that longer forward as cheaper (a compiled 2-token forward can cost less than
         the eager 1-token step); it depends only on n, so it stays lossless. forms: the call's round products
         (linears.round_linears, None for F.linear), installed while the lengths compile, so that the graphs are

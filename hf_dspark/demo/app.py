@@ -140,7 +140,8 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
 
 
 def warm_up(models) -> None:
-    """One short run of each path, so the first visitor's race does not time one-off setup costs (a profile, compiling)."""
+    """One short run of each path, so the first visitor's race does not time one-off setup costs (a profile,
+    compiling)."""
     inputs = models.tokenizer("Hi", return_tensors="pt").to(models.target.device)
     models.target.generate(**inputs, max_new_tokens=4, do_sample=False)
     for d in models.drafters.values():
