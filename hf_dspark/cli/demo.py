@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="training steps of the tiny drafters at startup (0 = random)")
     p.add_argument("--max-new-tokens", type=int, default=int(_env("DEMO_MAX_NEW_TOKENS", str(MAX_NEW_TOKENS))),
                    help="cap on the max-new-tokens control")
-    p.add_argument("--loop", type=_loop, default=_env("LOOP", "assisted"),
+    p.add_argument("--loop", type=_loop, default=_env("LOOP", "assisted"), metavar="{" + ",".join(LOOPS) + "}",
                    help="DSpark's decoding loop (DecodingOptions.loop): transformers' assisted loop (the library's "
                         "default), or DSpark's own on a static KV cache, eager (static) or compiled (compiled at "
                         "startup: from ~30 s with torch's kernel cache to minutes on a new machine)")
