@@ -98,6 +98,7 @@ class StaticVerifier:
         most = padded(self.longest)
 
         def forward(tokens: torch.Tensor, **kwargs):
+            # marked at every call, not only the first: a recompile (a new cache) must trace it symbolic too
             torch._dynamo.mark_dynamic(tokens, 1, min=2, max=max(most, 2))
             return compiled(tokens, **kwargs)
         return forward
