@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+LOOPS = ("assisted", "static", "compiled")  # DecodingOptions.loop (decoding/routing.py checks it)
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # io.loading.DTYPES' full names, besides "auto"
 
 

@@ -9,7 +9,6 @@ import os
 from . import common
 
 MAX_NEW_TOKENS = 256  # demo.session.MAX_NEW_TOKENS
-LOOPS = ("assisted", "static", "compiled")  # DecodingOptions.loop
 
 
 def _env(name: str, default=None):
@@ -18,8 +17,8 @@ def _env(name: str, default=None):
 
 def _loop(value: str) -> str:
     """argparse type (it also checks a string default, here $HF_DSPARK_LOOP): one of the decoding loops."""
-    if value not in LOOPS:
-        raise argparse.ArgumentTypeError(f"loop must be one of {', '.join(LOOPS)}; got {value!r}")
+    if value not in common.LOOPS:
+        raise argparse.ArgumentTypeError(f"loop must be one of {', '.join(common.LOOPS)}; got {value!r}")
     return value
 
 
@@ -33,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="training steps of the tiny drafters at startup (0 = random)")
     p.add_argument("--max-new-tokens", type=int, default=int(_env("DEMO_MAX_NEW_TOKENS", str(MAX_NEW_TOKENS))),
                    help="cap on the max-new-tokens control")
-    p.add_argument("--loop", type=_loop, default=_env("LOOP", "assisted"), metavar="{" + ",".join(LOOPS) + "}",
+    p.add_argument("--loop", type=_loop, default=_env("LOOP", "assisted"), metavar="{" + ",".join(common.LOOPS) + "}",
                    help="DSpark's decoding loop (DecodingOptions.loop): transformers' assisted loop (the library's "
                         "default), or DSpark's own on a static KV cache, eager (static) or compiled (compiled at "
                         "startup: from ~30 s with torch's kernel cache to minutes on a new machine)")

@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
                         "profile), scheduler, all, an int k, threshold:T")
     g.add_argument("--ngram-drafts", action=argparse.BooleanOptionalAction, default=True,
                    help="take free n-gram drafts from the context when its last 2-4 tokens occurred before (lossless)")
-    g.add_argument("--loop", choices=("assisted", "static", "compiled"), default="assisted",
+    g.add_argument("--loop", choices=common.LOOPS, default="assisted",
                    help="decoding loop: transformers' assisted loop, or DSpark's own on a static KV cache, its "
                         "verification eager (static) or compiled (compiled: compiles on the first call, from ~15 s "
                         "with torch's kernel cache to minutes on a new machine)")

@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cache-len", type=common.positive, default=256, help="KV-cache length the forwards run on")
     p.add_argument("--warmup", type=common.non_negative, default=5, help="untimed forwards per length")
     p.add_argument("--repeats", type=common.positive, default=20, help="timed forwards per length (median kept)")
-    p.add_argument("--loop", choices=("assisted", "static", "compiled"), default="assisted",
+    p.add_argument("--loop", choices=common.LOOPS, default="assisted",
                    help="the decoding loop to measure (DecodingOptions.loop): each has its own profile")
     p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
     common.add_output(p, "also write the profile JSON here")
