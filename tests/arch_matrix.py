@@ -9,6 +9,7 @@ Composite configs with vision/audio towers are not built here (their text models
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 import torch
@@ -212,7 +213,7 @@ def render(outcomes: list[Outcome]) -> str:
         "",
         "| model type | why the own loop does not take it |",
         "|---|---|",
-        *(f"| `{o.model_type}` | {o.fallback.replace('|', '/')} |" for o in by["supported"] if o.fallback),
+        *(f"| `{o.model_type}` | {_cell(o.fallback)} |" for o in by["supported"] if o.fallback),
         "",
         f"## Refused at `from_target` / `bind` ({len(by['refused'])})",
         "",
@@ -220,7 +221,7 @@ def render(outcomes: list[Outcome]) -> str:
         "",
         "| model type | why |",
         "|---|---|",
-        *(f"| `{o.model_type}` | {o.reason} |" for o in by["refused"]),
+        *(f"| `{o.model_type}` | {_cell(o.reason)} |" for o in by["refused"]),
         "",
         f"## Not in the matrix ({len(by['not built'])})",
         "",
@@ -229,10 +230,47 @@ def render(outcomes: list[Outcome]) -> str:
         "",
         "| model type | why |",
         "|---|---|",
-        *(f"| `{o.model_type}` | {o.reason.replace('|', '/')} |" for o in by["not built"]),
+        *(f"| `{o.model_type}` | {_cell(o.reason)} |" for o in by["not built"]),
         "",
     ]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/")  # a table cell
+
+
+def documented(outcome: Outcome) -> Outcome:
+    """What DOC records of an outcome: its status, and its reason or the own loop's fallback as table cells."""
+    supported = outcome.status == "supported"
+    return Outcome(outcome.model_type, outcome.status, "" if supported else _cell(outcome.reason),
+                   fallback=_cell(outcome.fallback) if supported else "")
+
+
+_SECTIONS = {"## Supported": "supported", "### On DSpark's own loop": "own loop", "## Refused": "refused",
+             "## Not in the matrix": "not built"}
+_ROW = re.compile(r"^\| `([^`]+)` \| (.*) \|$")
+
+
+def parse(doc: str) -> dict[str, Outcome]:
+    """DOC's rows back as documented outcomes, by model type (render(parse(doc).values()) == doc for a current DOC).
+    The matrix is checked one architecture per test against these rows, so no test reruns the others' models."""
+    rows: dict[str, Outcome] = {}
+    section = None
+    for line in doc.splitlines():
+        section = next((s for head, s in _SECTIONS.items() if line.startswith(head)), section)
+        names = re.findall(r"`([^`]+)`", line) if line.startswith("`") and section in ("supported", "own loop") else []
+        if section == "supported":
+            rows.update({n: Outcome(n, "supported") for n in names})
+        row = _ROW.match(line)
+        if row is None:
+            continue
+        name, cell = row.groups()
+        if section == "own loop":
+            rows[name].fallback = cell
+        else:
+            rows[name] = Outcome(name, section, cell)
+    return rows
 
 
 DOC = "docs/supported_architectures.md"
