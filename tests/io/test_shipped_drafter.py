@@ -11,13 +11,16 @@ from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.eval.replay import replay
 from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.io.loading import DEFAULT_DRAFTER
+from hf_dspark.training.data import eos_ids
+from hf_dspark.training.sampler import Job, answer
 
 EVAL = Path(__file__).resolve().parents[2] / "data" / "prompts" / "eval"
-# Greedy τ under verify-all, replayed over the target's own greedy answers (96 new tokens, fp32) to the first four
-# GSM8K and four MBPP evaluation prompts (measurement only): ~340 rounds. Measured (Zen 4, 2026-12-05): the shipped
-# file (stage 3, step 1,851) 2.249 over 338 rounds; the one before (stage 2, step 1,250) 2.209 over 344, the same
-# as on a Zen 3; stage 1 (step 2,000) 2.065 over 368. The floor fails the previous file and leaves room for numeric
-# drift across CPUs.
+# Greedy τ under verify-all, replayed over the target's own greedy answers (96 new tokens, fp32; answered together
+# by the answer generator, whose greedy rows are generate's, tests/training/test_sampler.py) to the first four GSM8K
+# and four MBPP evaluation prompts (measurement only): ~340 rounds. Measured this way (AMD EPYC Zen 1, 2026-12-06):
+# the shipped file (stage 3, step 1,851) 2.249 over 338 rounds; the one before (stage 2, step 1,250) 2.209 over 344
+# (the same as with one generate call per prompt on a Zen 4 and a Zen 3). The floor fails the previous file and
+# leaves room for numeric drift across CPUs.
 TAU_FLOOR = 2.23
 N_NEW = 96
 
@@ -42,20 +45,24 @@ def test_shipped_drafter_is_small_bf16_safetensors():
     assert any(t != 1.0 for t in cfg["confidence_temperatures"])  # calibrated
 
 
-@pytest.mark.slow  # ≈1 min on one CPU thread: plain decoding of eight prompts, one speculative decode, a replay
+def replay_tau(model, tok, drafter):
+    """The drafter's replay stats over the target's greedy answers to `_prompts()` (answered in one batch)."""
+    jobs = [Job(str(i), chat_inputs(tok, p)["input_ids"][0].tolist(), temperature=0.0)
+            for i, p in enumerate(_prompts())]
+    answers = dict((job.key, ids) for job, ids in answer(model, jobs, eos_ids(model), N_NEW, slots=len(jobs)))
+    records = [{"prompt_ids": job.prompt_ids, "response_ids": answers[job.key]} for job in jobs]
+    return replay(drafter, records, "greedy", N_NEW, progress=False)
+
+
+@pytest.mark.slow  # ≈1 min on one CPU thread: one plain and one speculative decode, eight answers in a batch, a replay
 def test_shipped_drafter_reaches_tau_floor():
     torch.set_num_threads(1)
     model, tok = load_default_target(dtype=torch.float32)  # the dtype the identity claim covers
     drafter = load_default_drafter(model)
     drafter.options = DecodingOptions("all", ngram_drafts=False)  # the floor is the drafter's τ under verify-all
     assert isinstance(drafter, DSparkDrafter) and drafter.dtype == model.dtype
-    records = []
-    for i, p in enumerate(_prompts()):
-        ids = chat_inputs(tok, p)
-        ref = model.generate(**ids, max_new_tokens=N_NEW, do_sample=False)
-        if i == 0:  # lossless in fp32 (the identity suites cover the rest); replay walks the same rounds as this
-            assert torch.equal(model.generate(**ids, assistant_model=drafter, max_new_tokens=N_NEW, do_sample=False), ref)
-        n = ids["input_ids"].shape[1]
-        records.append({"prompt_ids": ref[0, :n].tolist(), "response_ids": ref[0, n:].tolist()})
-    stats = replay(drafter, records, "greedy", N_NEW, progress=False)
+    ids = chat_inputs(tok, _prompts()[0])  # lossless in fp32 (the identity suites cover the rest)
+    ref = model.generate(**ids, max_new_tokens=N_NEW, do_sample=False)
+    assert torch.equal(model.generate(**ids, assistant_model=drafter, max_new_tokens=N_NEW, do_sample=False), ref)
+    stats = replay_tau(model, tok, drafter)
     assert stats.tau >= TAU_FLOOR, stats.tau
