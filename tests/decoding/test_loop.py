@@ -11,7 +11,7 @@ from hf_dspark import DecodingOptions, DSparkDrafter
 from hf_dspark.decoding import loop
 from tests.conftest import tiny_target
 from tests.helpers import PROMPT, drafter_for, oracle_drafts
-from tests.sampling_check import ALPHA, N, STEPS, exact_distribution, fit_pvalue, processors, sample_counts, setup
+from tests.sampling_check import ALPHA, STEPS, N, exact_distribution, fit_pvalue, processors, sample_counts, setup
 
 STATIC = DecodingOptions("all", ngram_drafts=False, loop="static")
 
@@ -52,6 +52,30 @@ def test_greedy_equals_plain(family, policy, ngram, monkeypatch):
     assert out.tolist() == plain.tolist() and ran == [1]
     if policy == "all":
         assert len({r.accepted for r in drafter.last_stats.rounds if r.verified}) > 2
+
+
+def test_eager_forwards_attend_only_the_cache_positions_in_use(monkeypatch):
+    """The prefill and every eager verification attend the cache up to the positions in use (a multiple of 64),
+    not its 512 reserved positions, and the output is still plain generate's."""
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=4, target_layer_ids=[0, 2])
+    widths = []  # (positions in use, positions attended) per layer forward
+    update = loop.WindowedLayer.update
+
+    def spy(self, *args, **kwargs):
+        keys, values = update(self, *args, **kwargs)
+        widths.append((int(self.cumulative_length), keys.shape[2]))
+        return keys, values
+    monkeypatch.setattr(loop.WindowedLayer, "update", spy)
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=90)
+    with oracle_drafts(plain):
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=90, assistant_model=drafter,
+                             dspark_options=DecodingOptions("all", ngram_drafts=False, loop="static"))
+    assert out.tolist() == plain.tolist()
+    assert model.__dict__["_dspark_static_cache"][2] == 512 and widths
+    assert all(width == -(-used // 64) * 64 for used, width in widths), widths
+    assert {width for _, width in widths} == {64, 128}
 
 
 def test_compiled_verification_equals_plain_with_one_graph_for_every_length():
