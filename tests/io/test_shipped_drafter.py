@@ -9,8 +9,8 @@ import torch
 from hf_dspark import DSparkDrafter, load_default_drafter, load_default_target
 from hf_dspark.decoding.options import DecodingOptions
 from hf_dspark.eval.replay import replay
-from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.io.loading import DEFAULT_DRAFTER
+from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.training.data import eos_ids
 from hf_dspark.training.sampler import Job, answer
 
@@ -49,7 +49,7 @@ def replay_tau(model, tok, drafter):
     """The drafter's replay stats over the target's greedy answers to `_prompts()` (answered in one batch)."""
     jobs = [Job(str(i), chat_inputs(tok, p)["input_ids"][0].tolist(), temperature=0.0)
             for i, p in enumerate(_prompts())]
-    answers = dict((job.key, ids) for job, ids in answer(model, jobs, eos_ids(model), N_NEW, slots=len(jobs)))
+    answers = {job.key: ids for job, ids in answer(model, jobs, eos_ids(model), N_NEW, slots=len(jobs))}
     records = [{"prompt_ids": job.prompt_ids, "response_ids": answers[job.key]} for job in jobs]
     return replay(drafter, records, "greedy", N_NEW, progress=False)
 
