@@ -72,7 +72,7 @@ def unsupported(model, input_ids: torch.Tensor, generation_config, model_kwargs:
 class StaticVerifier:
     """The target's forwards on one static cache of `max_len` positions (+ the largest padding), eager or compiled
     (`compiled`: the multi-token verification forwards only; a one-token step runs eagerly, where compiling did not
-    pay on the CPUs measured, docs/benchmarks.md). Eager forwards attend only the positions in use (WindowedLayer)."""
+    pay on the CPUs measured, docs/benchmarks.md). Every forward attends only the positions in use (WindowedLayer)."""
 
     def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1,
                  run_as: dict[int, int] | None = None, forms=None):
@@ -88,6 +88,7 @@ class StaticVerifier:
         self.run_as = run_as or {}
         self.fed = self.real = 0  # tokens the last verification fed (padding included) and of them real ones
         self.cache = _static_cache(model, max_len)
+        self.size = model.__dict__["_dspark_static_cache"][2]  # > max_len: every window leaves the last position out
         compiled = compiled and "_dspark_compile_error" not in model.__dict__  # failed once: eager from then on
         self.forward = self._dynamic_length(_compiled_forward(model)) if compiled else model.forward
         self.compiled = compiled
@@ -130,7 +131,7 @@ class StaticVerifier:
         for L in todo:
             tokens = torch.zeros((1, L), dtype=torch.long, device=self.model.device)
             try:
-                self.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+                self._run(self.forward, tokens)
             except Exception as e:  # noqa: BLE001 -- no compiler, an unsupported op: the same loop, eager
                 if self.cache.get_seq_length() > filled:
                     self.cache.crop(filled - self.cache.get_seq_length())
@@ -144,7 +145,7 @@ class StaticVerifier:
         logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
 
     def prefill(self, input_ids: torch.Tensor):
-        out = self._eager(input_ids)
+        out = self._run(self.model.forward, input_ids)
         if not self.cache.is_croppable:  # unsupported() sends such requests to the assisted loop; never reached
             raise RuntimeError("this target's static cache cannot be rolled back")
         if self.compiled:
@@ -159,16 +160,17 @@ class StaticVerifier:
         fed[:, :n], fed[:, n:] = tokens, tokens[:, -1:]
         tokens, L = fed, fed.shape[1]
         self.fed, self.real = L, n
-        if L > 1 and self.compiled:  # the compiled graph attends the whole cache (a window would be one more guard)
-            return self.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
-        return self._eager(tokens)
+        return self._run(self.forward if L > 1 else self.model.forward, tokens)
 
-    def _eager(self, tokens: torch.Tensor):
-        """An eager forward that attends only the cache's positions in use (up to a multiple of WINDOW_STEP)."""
+    def _run(self, forward, tokens: torch.Tensor):
+        """forward(tokens) on the cache, attending only its positions in use, rounded up to WINDOW_STEP (the window is
+        a tensor's length, marked dynamic: the compiled graph takes it symbolic, one graph for every window)."""
         used = int(self.cache.get_seq_length()) + tokens.shape[1]
-        _set_window(self.cache, -(-used // WINDOW_STEP) * WINDOW_STEP)
+        window = torch.empty(min(-(-used // WINDOW_STEP) * WINDOW_STEP, self.size - 1), dtype=torch.uint8)
+        torch._dynamo.mark_dynamic(window, 0, min=WINDOW_STEP, max=self.size - 1)
+        _set_window(self.cache, window)
         try:
-            return self.model.forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+            return forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
         finally:
             _set_window(self.cache, None)
 
@@ -179,56 +181,58 @@ class StaticVerifier:
 
 
 CACHE_STEP = 512  # a static cache's length is rounded up to this: calls of similar lengths share one cache
-WINDOW_STEP = 64  # an eager forward attends the cache's first positions in multiples of this, not all of it
+WINDOW_STEP = 64  # a forward attends the cache's first positions in multiples of this, not all of it
 
 
 class WindowedLayer(StaticLayer):
-    """A static cache layer whose forwards attend only its first `window` positions (None: all of them).
+    """A static cache layer whose forwards attend only its first `len(window)` positions (window None: all of them).
 
     Positions past the window are unwritten or rolled back, so masked: dropping them changes no logit, and on a
-    CPU it saves what an eager step pays to build a mask over, and attend, the whole reserved cache (a 1-token step
-    on a 512-position cache holding ~100 positions cost 13-16 % more than plain generate's, docs/scheduler.md)."""
+    CPU it saves what a step pays to build a mask over, and attend, the whole reserved cache (an eager 1-token step
+    on a 512-position cache holding ~100 positions cost 13-16 % more than plain generate's, docs/scheduler.md).
+    The window is a tensor's length, not an int, so that a compiled graph can take it as a symbolic size."""
 
-    window: int | None = None
+    window: torch.Tensor | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         if self.window is None:
             return keys, values
-        return keys[:, :, : self.window], values[:, :, : self.window]
+        return keys[:, :, : self.window.shape[0]], values[:, :, : self.window.shape[0]]
 
     def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
         length, offset = super().get_mask_sizes(*args, **kwargs)
-        return (length if self.window is None else self.window), offset
+        return (length if self.window is None else self.window.shape[0]), offset
 
 
-def _set_window(cache: StaticCache, window: int | None) -> None:
+def _set_window(cache: StaticCache, window: torch.Tensor | None) -> None:
     for layer in cache.layers:
         if isinstance(layer, WindowedLayer):
-            layer.window = None if window is None else min(window, layer.max_cache_len)
+            layer.window = window
 
 
 def reserve(model, positions: int) -> None:
     """Size the static cache DSpark's own loops keep on `model` for calls of up to `positions` positions (prompt +
     max_new_tokens), as a warm-up call that long would. A call that needs more than the cache holds allocates a new
     one, and on the compiled loop compiles its graph again for it (minutes on a CPU): reserve the longest call
-    expected before the first. A longer cache costs every verification a little more attention."""
+    expected before the first. Forwards attend only the positions in use (WindowedLayer), so a longer cache costs
+    memory, not attention."""
     if positions < 1:
         raise ValueError(f"positions must be >= 1, got {positions}")
     _static_cache(model, positions + LENGTHS[-1], reset=False)  # the longest padded verification past the last
 
 
 def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
-    """The model's static cache (reset unless `reset=False`), if it holds `length` positions; else a new one of
-    `length` rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across
+    """The model's static cache (reset unless `reset=False`), if it holds more than `length` positions; else a new
+    one of `length` + 1 rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across
     calls (their guards check its tensors); a generate call is not thread-safe on one model anyway."""
     kept = model.__dict__.get("_dspark_static_cache")
     placed = (model.dtype, model.device)  # a cast or moved model needs a new cache
-    if kept is not None and kept[1] == placed and kept[2] >= length:
+    if kept is not None and kept[1] == placed and kept[2] > length:
         if reset:
             kept[0].reset()
         return kept[0]
-    size = -(-length // CACHE_STEP) * CACHE_STEP
+    size = -(-(length + 1) // CACHE_STEP) * CACHE_STEP  # one spare position: a window ends before the cache's end
     cache = StaticCache(config=model.config, max_cache_len=size)
     for layer in cache.layers:  # full-attention layers only: a sliding window's layer keeps its own mask sizes
         if type(layer) is StaticLayer:

@@ -28,10 +28,10 @@ def test_verification_lengths_are_padded_to_a_few_fixed_ones():
     assert [loop.padded(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
 
 
-def _greedy(model, drafter, options, **gen):
-    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40, **gen)
+def _greedy(model, drafter, options, new=40, **gen):
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=new, **gen)
     with oracle_drafts(plain):
-        out = model.generate(PROMPT, do_sample=False, max_new_tokens=40, assistant_model=drafter,
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=new, assistant_model=drafter,
                              dspark_options=options, **gen)
     return plain, out
 
@@ -79,14 +79,15 @@ def test_eager_forwards_attend_only_the_cache_positions_in_use(monkeypatch):
 
 
 def test_compiled_verification_equals_plain_with_one_graph_for_every_length():
-    """Verifications of 2, 4 and 8 tokens run one graph (the length is symbolic), compiled once."""
+    """Verifications of 2, 4 and 8 tokens over windows of 64, 128 and 192 cache positions run one graph (length and
+    window are symbolic), compiled once."""
     from torch._dynamo.utils import counters
 
     model = tiny_target()
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=7, target_layer_ids=[0, 2])
     before = counters["stats"]["unique_graphs"]
-    plain, out = _greedy(model, drafter, DecodingOptions("all", ngram_drafts=False, loop="compiled"))
+    plain, out = _greedy(model, drafter, DecodingOptions("all", ngram_drafts=False, loop="compiled"), new=150)
     assert out.tolist() == plain.tolist()
     assert {key[0] for key in model.__dict__["_dspark_compiled_lengths"]} == {2, 4, 8}
     assert counters["stats"]["unique_graphs"] - before == 1
