@@ -188,8 +188,9 @@ class WindowedLayer(StaticLayer):
     """A static cache layer whose forwards attend only its first `len(window)` positions (window None: all of them).
 
     Positions past the window are unwritten or rolled back, so masked: dropping them changes no logit, and on a
-    CPU it saves what a step pays to build a mask over, and attend, the whole reserved cache (an eager 1-token step
-    on a 512-position cache holding ~100 positions cost 13-16 % more than plain generate's, docs/scheduler.md).
+    CPU it saves what a step pays to build a mask over, and attend, the whole reserved cache (with nothing drafted
+    the static loop ran 0.84-0.88x plain generate on a 512-position cache holding ~100 positions; the compiled loop
+    ran a chat prompt at 0.96x on a 1,536-position one: research/record/benchmarks.md).
     The window is a tensor's length, not an int, so that a compiled graph can take it as a symbolic size."""
 
     window: torch.Tensor | None = None
@@ -224,8 +225,8 @@ def reserve(model, positions: int) -> None:
 
 def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
     """The model's static cache (reset unless `reset=False`), if it holds more than `length` positions; else a new
-    one of `length` + 1 rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs valid across
-    calls (their guards check its tensors); a generate call is not thread-safe on one model anyway."""
+    one of `length` + 1 rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs
+    valid across calls (their guards check its tensors); a generate call is not thread-safe on one model anyway."""
     kept = model.__dict__.get("_dspark_static_cache")
     placed = (model.dtype, model.device)  # a cast or moved model needs a new cache
     if kept is not None and kept[1] == placed and kept[2] > length:
