@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="cap on the max-new-tokens control")
     p.add_argument("--loop", type=_loop, default=_env("LOOP", "assisted"), metavar="{" + ",".join(common.LOOPS) + "}",
                    help="DSpark's decoding loop (DecodingOptions.loop): transformers' assisted loop (the library's "
-                        "default), or DSpark's own on a static KV cache, eager (static) or compiled (compiled at "
-                        "startup: from ~30 s with torch's kernel cache to minutes on a new machine)")
+                        "default), or DSpark's own on a static KV cache, eager (static) or compiled (at "
+                        "startup: compiled once per setup, minutes on a CPU, then loaded from $HF_DSPARK_CACHE/graphs "
+                        "in seconds)")
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting at most; more are refused")
     p.add_argument("--host", default=None, help="bind address (default: gradio's, 127.0.0.1 or $GRADIO_SERVER_NAME)")
     p.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860 or $GRADIO_SERVER_PORT)")

@@ -58,8 +58,8 @@ def add_parser(sub) -> None:
                    help="take free n-gram drafts from the context when its last 2-4 tokens occurred before (lossless)")
     g.add_argument("--loop", choices=common.LOOPS, default="assisted",
                    help="decoding loop: transformers' assisted loop, or DSpark's own on a static KV cache, its "
-                        "verification eager (static) or compiled (compiled: compiles on the first call, from ~15 s "
-                        "with torch's kernel cache to minutes on a new machine)")
+                        "verification eager (static) or compiled (compiled: its graph is compiled once per setup, minutes "
+                        "on a CPU, and saved under $HF_DSPARK_CACHE/graphs; later runs load it in seconds)")
     g.set_defaults(func=cmd_generate)
 
 

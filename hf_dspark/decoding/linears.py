@@ -77,10 +77,10 @@ class WeightMajorLinears:
 
 @functools.cache
 def _bound(max_rows: int):
-    # one function per max_rows: torch.compile guards on it, so a call that installs the form again reuses the graphs
-    # compiled with it
+    # one function per max_rows, which it names: a compiled graph's key records it (graphs.linear_forms)
     def forward(self, x):
         return weight_major_forward(self, x, max_rows)
+    forward.max_rows = max_rows
     return forward
 
 

@@ -1,6 +1,6 @@
 """DSpark's own verification loop: a static KV cache, verification forwards at a few fixed lengths, rollback by
-moving the cache's position, and the multi-token forward compiled (torch.compile: one graph whose token count is
-symbolic, for every verification length).
+moving the cache's position, and the multi-token forward compiled (one graph whose token count and attended window
+are symbolic, for every verification length, compiled once per setup and kept on disk: graphs.py).
 
 Drafting, the verify policy, the stats and the rollback of stateful processors stay the candidate generator's
 (candidate.py), exactly as on transformers' assisted loop; this loop replaces only the loop around them, for the
@@ -16,14 +16,13 @@ A padded row sees only earlier positions (causal), so rows 0..ℓ are the logits
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 from transformers.utils import logging
 
+from .graphs import VerificationGraphs
 from .scheduler import pad_length
 
 logger = logging.get_logger(__name__)
@@ -77,8 +76,8 @@ class StaticVerifier:
     def __init__(self, model, max_len: int, hidden_states, compiled: bool = False, longest: int = 1,
                  run_as: dict[int, int] | None = None, forms=None):
         """longest: the most tokens a verification may take (γ + 1); compiled, the one graph for every length up to
-        it is compiled here, before the first round, so that no round pays for compiling (torch keeps the kernels on
-        disk: a later process mostly reloads them). run_as: n tokens → the (larger) number of tokens to feed instead, where
+        it is loaded or compiled here, before the first round, so that no round pays for it (graphs.py: compiled once
+        per setup, then loaded from disk). run_as: n tokens → the (larger) number of tokens to feed instead, where
         the device profile measured that longer forward as cheaper (a compiled 2-token forward can cost less than
         the eager 1-token step); it depends only on n, so it stays lossless. forms: the call's round products
         (linears.round_linears, None for F.linear), installed while the lengths compile, so that the graphs are
@@ -90,23 +89,12 @@ class StaticVerifier:
         self.cache = _static_cache(model, max_len)
         self.size = model.__dict__["_dspark_static_cache"][2]  # > max_len: every window leaves the last position out
         compiled = compiled and "_dspark_compile_error" not in model.__dict__  # failed once: eager from then on
-        self.forward = self._dynamic_length(_compiled_forward(model)) if compiled else model.forward
+        self.forward = _compiled_forward(model, padded(longest)) if compiled else model.forward
         self.compiled = compiled
 
-    def _dynamic_length(self, compiled):
-        """The compiled forward with the token count marked symbolic in 2..padded(longest): one graph serves every
-        verification length (a graph per length took twice as long to compile, docs/scheduler.md)."""
-        most = padded(self.longest)
-
-        def forward(tokens: torch.Tensor, **kwargs):
-            # marked at every call, not only the first: a recompile (a new cache) must trace it symbolic too
-            torch._dynamo.mark_dynamic(tokens, 1, min=2, max=max(most, 2))
-            return compiled(tokens, **kwargs)
-        return forward
-
     def _compile_lengths(self, longest: int) -> None:
-        """Run each length once on the filled cache (a graph traced on an empty one would be traced again) and roll
-        it back: the first compiles the graph, the others check that it serves them."""
+        """Run each length once on the filled cache and roll it back: the first loads or compiles the graph
+        (graphs.py), the others check that it serves them."""
         done = self.model.__dict__.setdefault("_dspark_compiled_lengths", set())
         form = self.forms is not None
         todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache), form) not in done]
@@ -122,11 +110,8 @@ class StaticVerifier:
                 self.forms.remove()
 
     def _compile(self, todo: list[int], done: set, form: bool) -> None:
-        """Run the lengths `todo` once each (compiling them) and mark them done for this cache and form."""
-        logger.warning(f"DSpark: compiling the target's verification forward for {todo[0]}-{todo[-1]} tokens (once "
-                       "per process and cache size: minutes on a CPU the first time, less once torch has cached "
-                       "the kernels)")
-        t0 = time.perf_counter()
+        """Run the lengths `todo` once each (loading or compiling the graph) and mark them done for this cache and
+        form."""
         filled = self.cache.get_seq_length()
         for L in todo:
             tokens = torch.zeros((1, L), dtype=torch.long, device=self.model.device)
@@ -137,12 +122,11 @@ class StaticVerifier:
                     self.cache.crop(filled - self.cache.get_seq_length())
                 self.model.__dict__["_dspark_compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 self.forward, self.compiled = self.model.forward, False
-                logger.warning(f"DSpark: torch.compile failed ({self.model._dspark_compile_error}); the loop verifies "
+                logger.warning(f"DSpark: compiling failed ({self.model._dspark_compile_error}); the loop verifies "
                                "eagerly instead (same output, the eager loop's speed)")
                 return
             self.cache.crop(-L)
             done.add((L, id(self.cache), form))
-        logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
 
     def prefill(self, input_ids: torch.Tensor):
         out = self._run(self.model.forward, input_ids)
@@ -164,10 +148,9 @@ class StaticVerifier:
 
     def _run(self, forward, tokens: torch.Tensor):
         """forward(tokens) on the cache, attending only its positions in use, rounded up to WINDOW_STEP (the window is
-        a tensor's length, marked dynamic: the compiled graph takes it symbolic, one graph for every window)."""
+        a tensor's length: the compiled graph takes it symbolic, one graph for every window)."""
         used = int(self.cache.get_seq_length()) + tokens.shape[1]
         window = torch.empty(min(-(-used // WINDOW_STEP) * WINDOW_STEP, self.size - 1), dtype=torch.uint8)
-        torch._dynamo.mark_dynamic(window, 0, min=WINDOW_STEP, max=self.size - 1)
         _set_window(self.cache, window)
         try:
             return forward(tokens, cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
@@ -242,12 +225,13 @@ def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
     return cache
 
 
-def _compiled_forward(model):
-    compiled = getattr(model, "_dspark_compiled_forward", None)
-    if compiled is None:
-        compiled = torch.compile(model.forward, dynamic=None)  # the length is marked dynamic (StaticVerifier)
-        model.__dict__["_dspark_compiled_forward"] = compiled
-    return compiled
+def _compiled_forward(model, most: int) -> VerificationGraphs:
+    """The model's compiled verification forward for 2..`most` tokens (kept on the model with the graphs it loaded
+    or compiled; `most` is a graph's limit: weight-major products branch on it, linears.py)."""
+    kept = model.__dict__.setdefault("_dspark_compiled_forward", {})
+    if most not in kept:
+        kept[most] = VerificationGraphs(model, most, WINDOW_STEP)
+    return kept[most]
 
 
 @torch.no_grad()

@@ -135,7 +135,7 @@ def test_removed_when_the_call_fails():
     assert none_installed(model, drafter)
 
 
-def eager_compile(m):
+def eager_compile(m, most):
     """Stands in for torch.compile in the loop (loop._compiled_forward): the compiled loop's path, eagerly."""
     return m.forward
 
@@ -233,7 +233,7 @@ def test_the_compiled_loop_compiles_and_verifies_with_the_call_s_form(monkeypatc
     drafter = weight_major_drafter(model, "compiled")
     traced = []
 
-    def compiled_forward(m):  # stands in for torch.compile: records the form each graph call runs under
+    def compiled_forward(m, most):  # stands in for torch.compile: records the form each graph call runs under
         def forward(*a, **kw):
             traced.append((kw["cache"].get_seq_length(), installed(m.lm_head)))
             return m.forward(*a, **kw)

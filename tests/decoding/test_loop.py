@@ -78,19 +78,49 @@ def test_eager_forwards_attend_only_the_cache_positions_in_use(monkeypatch):
     assert {width for _, width in widths} == {64, 128}
 
 
-def test_compiled_verification_equals_plain_with_one_graph_for_every_length():
+def test_compiled_verification_equals_plain_with_one_graph_saved_and_loaded(tmp_path, monkeypatch, caplog):
     """Verifications of 2, 4 and 8 tokens over windows of 64, 128 and 192 cache positions run one graph (length and
-    window are symbolic), compiled once."""
+    window are symbolic), compiled once (over a corrupt file, which is overwritten) and saved; a later model of the
+    same config loads it from disk instead of compiling, and runs its own weights through it (weights are inputs)."""
     from torch._dynamo.utils import counters
 
+    from hf_dspark.decoding import graphs
+
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    options = DecodingOptions("all", ngram_drafts=False, loop="compiled")
+    compiles = []
+    compile_ = graphs.VerificationGraphs._compile
+    monkeypatch.setattr(graphs.VerificationGraphs, "_compile",
+                        lambda self, *a: compiles.append(1) or compile_(self, *a))
     model = tiny_target()
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=7, target_layer_ids=[0, 2])
+    (tmp_path / "graphs").mkdir()
+    for path in (tmp_path / "graphs" / "llama-a.pt2", graphs.graph_path(_key_after_prefill(model, drafter))):
+        path.write_bytes(b"not a graph")
     before = counters["stats"]["unique_graphs"]
-    plain, out = _greedy(model, drafter, DecodingOptions("all", ngram_drafts=False, loop="compiled"), new=150)
-    assert out.tolist() == plain.tolist()
+    plain, out = _greedy(model, drafter, options, new=150)
+    assert out.tolist() == plain.tolist() and not drafter.last_stats.fallback
     assert {key[0] for key in model.__dict__["_dspark_compiled_lengths"]} == {2, 4, 8}
-    assert counters["stats"]["unique_graphs"] - before == 1
+    assert counters["stats"]["unique_graphs"] - before == 1 and compiles == [1]
+    assert "could not load the compiled graph" in caplog.text
+    for seed in (0, 1):  # a new process's model, then another checkpoint of the same config
+        other = tiny_target(seed=seed)
+        torch.manual_seed(0)
+        drafter = DSparkDrafter.from_target(other, block_size=7, target_layer_ids=[0, 2])
+        plain, out = _greedy(other, drafter, options, new=150)
+        assert out.tolist() == plain.tolist() and not drafter.last_stats.fallback
+    assert counters["stats"]["unique_graphs"] - before == 1 and compiles == [1]  # loaded, not compiled
+    assert len(list((tmp_path / "graphs").glob("*.json"))) == 1
+
+
+def _key_after_prefill(model, drafter):
+    """The key the compiled loop's graph gets for `model` with `drafter` on a 150-token call (the cache it
+    reserves, the taps it reads, the products it installs: stock on a profile-less fixed policy)."""
+    from hf_dspark.decoding import graphs
+
+    cache = loop._static_cache(model, PROMPT.shape[1] + 150 + loop.padded(8), reset=False)
+    return graphs.graph_key(model, cache, [i + 1 for i in drafter.config.target_layer_ids], loop.padded(8))
 
 
 @pytest.mark.parametrize("reserved", [False, True])
@@ -101,7 +131,7 @@ def test_reserve_sizes_the_cache_once_so_a_longer_call_compiles_nothing_again(re
     model.config.max_position_embeddings = 2048
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
-    monkeypatch.setattr(loop, "_compiled_forward", lambda m: m.forward)  # the compiled path, eagerly
+    monkeypatch.setattr(loop, "_compiled_forward", lambda m, most: m.forward)  # the compiled path, eagerly
     options = DecodingOptions("all", ngram_drafts=False, loop="compiled")
     if reserved:
         loop.reserve(model, 700)
@@ -117,25 +147,33 @@ def test_reserve_sizes_the_cache_once_so_a_longer_call_compiles_nothing_again(re
         loop.reserve(model, 0)
 
 
-def test_a_compile_that_fails_leaves_the_loop_eager_and_exact(monkeypatch, caplog):
-    """No compiler, an op torch.compile cannot take: the compiled loop says so once and verifies eagerly."""
+def test_a_compile_that_fails_leaves_the_loop_eager_and_exact(tmp_path, monkeypatch, caplog):
+    """No compiler, an op torch.compile cannot take: the compiled loop says so once and verifies eagerly, in this
+    process and in later ones (the failure is recorded beside where the graph would be)."""
     model = tiny_target()
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
     tries = []
 
-    def failing_compile(fn, **kwargs):
-        def compiled(*args, **kw):
+    class FailingCompile:
+        def __init__(self, fn, **kwargs):
+            pass
+
+        def aot_compile(self, example_inputs):
             tries.append(1)
             raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
-        return compiled
 
-    monkeypatch.setattr(torch, "compile", failing_compile)
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch, "compile", FailingCompile)
     options = DecodingOptions("all", ngram_drafts=False, loop="compiled")
     for _ in range(2):
         plain, out = _greedy(model, drafter, options)
         assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "compiled"
     assert len(tries) == 1 and "InvalidCxxCompiler" in model._dspark_compile_error  # tried once, not per call
+    # a later process (a new model of the same setup) reads the failure recorded beside the graph: not tried again
+    again = tiny_target()
+    plain, out = _greedy(again, DSparkDrafter.from_target(again, block_size=3, target_layer_ids=[0, 2]), options)
+    assert out.tolist() == plain.tolist() and len(tries) == 1 and "InvalidCxxCompiler" in again._dspark_compile_error
 
 
 def test_eos_stop_strings_criteria_and_streamer_are_exact(llama, char_tokenizer):

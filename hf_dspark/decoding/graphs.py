@@ -1,0 +1,171 @@
+"""The compiled loop's verification forward: compiled ahead of time once per setup, kept on disk, loaded in seconds.
+
+`torch.compile` traces the target's forward again in every process: about 30 s for SmolLM2-135M on a CPU even with
+its kernels cached, two to three minutes the first time. Here the forward is compiled ahead of time (torch's AOT
+precompile, `aot_compile`) into one graph whose token count and attended window (loop.WindowedLayer) are symbolic,
+saved under the storage folder (`graphs/`), and loaded by later processes instead of traced: 3 s for SmolLM2-135M on
+a Zen 1 EPYC (research/record/benchmarks.md).
+
+A saved graph keeps only its tensor guards (shapes, dtypes, strides; torch.compiler.keep_portable_guards_unsafe), so
+everything else it was traced under is in its key (`graph_key`), and a graph is loaded only for that setup: the
+target's class and config, dtype, device, the CPU and the vector ISA its kernels were built for, torch's thread
+count (its kernels are built for it), torch / transformers / hf_dspark versions, the cache's layer kinds and size,
+the hidden states tapped, and the products the target's linear layers run (linears.py). The weights are inputs, read
+at every call: another checkpoint of the same config loads the same graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import logging
+
+from ..storage import storage_dir, write_atomic
+
+logger = logging.get_logger(__name__)
+
+GRAPH_VERSION = 1  # bump when what the traced function computes changes
+
+
+def _forward(model, tokens: torch.Tensor, cache, taps):
+    """The traced function: module-level, so a saved graph names it by import path; the model is an argument, so
+    its weights are inputs."""
+    out = model(tokens, cache=cache, use_cache=True, output_hidden_states=taps)
+    return out.logits, out.hidden_states
+
+
+def plain_class(model: nn.Module) -> type:
+    """The first importable nn.Module class of `model`: its own, or the one routing.enable derived its class from
+    (a saved graph records the class by import path, and the derived one has none)."""
+    for cls in type(model).__mro__:
+        if issubclass(cls, nn.Module) and getattr(sys.modules.get(cls.__module__), cls.__qualname__, None) is cls:
+            return cls
+    raise TypeError(f"{type(model).__name__} has no importable class")
+
+
+def linear_forms(model: nn.Module) -> list[str]:
+    """What each nn.Linear of `model` runs: "stock", or the instance forward installed on it (linears.py's
+    weight-major form names its row limit)."""
+    forms = []
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            f = getattr(m.__dict__.get("forward"), "__func__", m.__dict__.get("forward"))
+            forms.append("stock" if f is None else f"{f.__qualname__}:{getattr(f, 'max_rows', '')}")
+    return forms
+
+
+def _cpu() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+    except OSError:
+        lines = []
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    return " | ".join(fields.get(k, "").strip() for k in ("model name", "cpu family", "model", "flags"))
+
+
+def graph_key(model, cache, taps, max_tokens: int) -> dict:
+    """Everything a saved graph was traced under besides its tensors' shapes (module docstring)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    config = model.config.to_dict()
+    for k in ("_name_or_path", "transformers_version"):
+        config.pop(k, None)
+    device = torch.device(model.device)
+    return {
+        "version": GRAPH_VERSION,
+        "class": f"{plain_class(model).__module__}.{plain_class(model).__qualname__}",
+        "config": config,
+        "attention": getattr(model.config, "_attn_implementation", None),
+        "dtype": str(model.dtype),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "cpu": _cpu(),
+        "isa": str(pick_vec_isa()) if device.type == "cpu" else "",
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_dspark": sys.modules["hf_dspark"].__version__,
+        "cache": [(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers],
+        "taps": taps if isinstance(taps, (bool, type(None))) else list(taps),
+        "linears": linear_forms(model),
+        "max_tokens": max_tokens,
+    }
+
+
+def graph_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return storage_dir() / "graphs" / f"{key['config'].get('model_type', 'model')}-{digest}.pt2"
+
+
+class VerificationGraphs:
+    """`model`'s verification forward, `forward(tokens, cache=..., use_cache=True, output_hidden_states=taps)` as
+    model.forward is called, run by the graph of its setup: loaded from disk, else compiled and saved. The token
+    count may be 2..max_tokens and the window (loop.WindowedLayer: a tensor's length) min_window..cache size - 1 in
+    one graph. Returns CausalLMOutputWithPast(logits [1, L, V], hidden_states)."""
+
+    def __init__(self, model, max_tokens: int, min_window: int):
+        self.model, self.max_tokens, self.min_window = model, max_tokens, min_window
+        self.graphs: dict[Path, object] = {}
+
+    def __call__(self, tokens: torch.Tensor, *, cache, use_cache: bool = True, output_hidden_states=None):
+        key = graph_key(self.model, cache, output_hidden_states, self.max_tokens)
+        path = graph_path(key)
+        graph = self.graphs.get(path)
+        if graph is None:
+            graph = self.graphs[path] = self._load(path) or self._compile(path, key, tokens, cache,
+                                                                          output_hidden_states)
+        logits, hidden = graph(self.model, tokens, cache, output_hidden_states)
+        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)
+
+    def _load(self, path: Path):
+        failed = path.with_suffix(".failed")
+        if failed.exists():  # compiling this setup failed before (no compiler, an op it cannot take): not again
+            raise RuntimeError(f"{failed.read_text().strip()} (recorded in {failed}; delete it to try again)")
+        if not path.exists():
+            return None
+        t0 = time.perf_counter()
+        try:
+            with open(path, "rb") as f:
+                graph = torch.compiler.load_compiled_function(f)
+        except Exception as e:  # noqa: BLE001 -- a truncated or foreign file: compile it again, overwrite it
+            logger.warning(f"DSpark: could not load the compiled graph {path} ({type(e).__name__}: {e}); compiling "
+                           "it again")
+            return None
+        logger.info(f"DSpark: loaded the compiled verification graph in {time.perf_counter() - t0:.1f} s")
+        return graph
+
+    def _compile(self, path: Path, key: dict, tokens: torch.Tensor, cache, taps):
+        """Trace and compile on example inputs marked symbolic, then save the graph (atomically) and its key."""
+        logger.warning("DSpark: compiling the target's verification forward (once per setup; a few minutes on a "
+                       f"CPU), saved to {path}")
+        t0 = time.perf_counter()
+        tokens = tokens.clone()
+        torch._dynamo.mark_dynamic(tokens, 1, min=2, max=self.max_tokens)
+        for window in {id(w): w for w in (getattr(layer, "window", None) for layer in cache.layers)
+                       if w is not None}.values():
+            size = min(layer.max_cache_len for layer in cache.layers)
+            torch._dynamo.mark_dynamic(window, 0, min=self.min_window, max=size - 1)
+        model, derived = self.model, type(self.model)
+        model.__class__ = plain_class(model)  # recorded by import path (plain_class); forward is the same
+        try:
+            graph = torch.compile(_forward, fullgraph=True,
+                                  options={"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
+                                  ).aot_compile(((model, tokens, cache, taps), {}))
+            graph.save_compiled_function(str(path.parent.mkdir(parents=True, exist_ok=True) or path))
+        except Exception as e:
+            write_atomic(path.with_suffix(".failed"), f"{type(e).__name__}: {str(e).splitlines()[0][:300]}\n")
+            raise
+        finally:
+            model.__class__ = derived
+        write_atomic(path.with_suffix(".json"), json.dumps(key, indent=1, sort_keys=True, default=str))
+        logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
+        return graph

@@ -1,0 +1,47 @@
+"""The compiled loop's saved graphs (decoding/graphs.py): a graph keeps only tensor guards, so its key must change
+with everything else it was traced under, and only with that (loading and compiling: tests/decoding/test_loop.py)."""
+
+import torch
+from transformers import LlamaForCausalLM
+
+from hf_dspark.decoding import loop
+from hf_dspark.decoding.graphs import graph_key, graph_path, linear_forms, plain_class
+from hf_dspark.decoding.linears import WeightMajorLinears
+from hf_dspark.decoding.routing import enable
+from tests.conftest import tiny_target
+
+
+def _path(model, length=100, taps=(1, 3)):
+    model.__dict__.pop("_dspark_static_cache", None)  # a cache of `length` + 1 rounded up, not a longer one kept
+    return graph_path(graph_key(model, loop._static_cache(model, length), list(taps), 8))
+
+
+def test_the_key_changes_with_what_a_graph_was_traced_under():
+    model = tiny_target()
+    base = _path(model)
+    assert _path(tiny_target(seed=1)) == base  # another checkpoint of the same config: weights are inputs
+    assert _path(model, length=600) != base  # the cache's size
+    assert _path(model, taps=(1, 2)) != base  # the hidden states tapped
+    with WeightMajorLinears(model, max_rows=8):
+        assert _path(model) != base  # the products the linear layers run
+    assert _path(model) == base
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(before + 1)
+        assert _path(model) != base  # the kernels are built for a thread count
+    finally:
+        torch.set_num_threads(before)
+    other = tiny_target()
+    other.config.rope_parameters = {**other.config.rope_parameters, "rope_theta": 500.0}
+    assert _path(other) != base  # a constant of the config
+    assert _path(tiny_target().to(torch.bfloat16)) != base
+    assert _path(tiny_target("qwen3")) != base
+
+
+def test_forms_and_the_class_a_graph_records():
+    model = tiny_target()
+    assert set(linear_forms(model)) == {"stock"}
+    with WeightMajorLinears(model, max_rows=8):
+        assert {form.rsplit(":", 1)[1] for form in linear_forms(model)} == {"8"}
+    enable(model)
+    assert type(model) is not LlamaForCausalLM and plain_class(model) is LlamaForCausalLM
