@@ -2,16 +2,17 @@
 
 `torch.compile` traces the target's forward again in every process: about 30 s for SmolLM2-135M on a CPU even with
 its kernels cached, two to three minutes the first time. Here the forward is compiled ahead of time (torch's AOT
-precompile, `aot_compile`) into one graph whose token count and attended window (loop.WindowedLayer) are symbolic,
-saved under the storage folder (`graphs/`), and loaded by later processes instead of traced: 3 s for SmolLM2-135M on
-a Zen 1 EPYC (research/record/benchmarks.md).
+precompile, `aot_compile`) into one graph whose token count, attended window (loop.WindowedLayer) and cache size are
+symbolic, saved under the storage folder (`graphs/`), and loaded by later processes instead of traced: 3 s for
+SmolLM2-135M on a Zen 1 EPYC (research/record/benchmarks.md).
 
 A saved graph keeps only its tensor guards (shapes, dtypes, strides; torch.compiler.keep_portable_guards_unsafe), so
 everything else it was traced under is in its key (`graph_key`), and a graph is loaded only for that setup: the
 target's class and config, dtype, device, the CPU and the vector ISA its kernels were built for, torch's thread
-count (its kernels are built for it), torch / transformers / hf_dspark versions, the cache's layer kinds and size,
-the hidden states tapped, and the products the target's linear layers run (linears.py). The weights are inputs, read
-at every call: another checkpoint of the same config loads the same graph.
+count (its kernels are built for it), torch / transformers / hf_dspark versions, the cache's layer kinds (and the
+size of a sliding-window layer; a windowed layer's size is symbolic), the hidden states tapped, and the products the
+target's linear layers run (linears.py). The weights are inputs, read at every call: another checkpoint of the same
+config loads the same graph.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..storage import storage_dir, write_atomic
 logger = logging.get_logger(__name__)
 
 GRAPH_VERSION = 1  # bump when what the traced function computes changes
+MAX_CACHE = 1 << 20  # the longest cache a graph serves
 
 
 def _forward(model, tokens: torch.Tensor, cache, taps):
@@ -94,11 +96,17 @@ def graph_key(model, cache, taps, max_tokens: int) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "hf_dspark": sys.modules["hf_dspark"].__version__,
-        "cache": [(type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers],
+        "cache": [(type(layer).__name__, None if _windowed(layer) else getattr(layer, "max_cache_len", None))
+                  for layer in cache.layers],
         "taps": taps if isinstance(taps, (bool, type(None))) else list(taps),
         "linears": linear_forms(model),
         "max_tokens": max_tokens,
     }
+
+
+def _windowed(layer) -> bool:
+    """A cache layer whose forwards attend a window (loop.WindowedLayer): its size is symbolic in the graph."""
+    return hasattr(type(layer), "window")
 
 
 def graph_path(key: dict) -> Path:
@@ -109,8 +117,9 @@ def graph_path(key: dict) -> Path:
 class VerificationGraphs:
     """`model`'s verification forward, `forward(tokens, cache=..., use_cache=True, output_hidden_states=taps)` as
     model.forward is called, run by the graph of its setup: loaded from disk, else compiled and saved. The token
-    count may be 2..max_tokens and the window (loop.WindowedLayer: a tensor's length) min_window..cache size - 1 in
-    one graph. Returns CausalLMOutputWithPast(logits [1, L, V], hidden_states)."""
+    count may be 2..max_tokens, the window (loop.WindowedLayer: a tensor's length) min_window..cache size - 1 and the
+    windowed layers' size anything up to MAX_CACHE, in one graph. Returns CausalLMOutputWithPast(logits [1, L, V],
+    hidden_states)."""
 
     def __init__(self, model, max_tokens: int, min_window: int):
         self.model, self.max_tokens, self.min_window = model, max_tokens, min_window
@@ -158,10 +167,12 @@ class VerificationGraphs:
         t0 = time.perf_counter()
         tokens = tokens.clone()
         torch._dynamo.mark_dynamic(tokens, 1, min=2, max=self.max_tokens)
-        for window in {id(w): w for w in (getattr(layer, "window", None) for layer in cache.layers)
-                       if w is not None}.values():
-            size = min(layer.max_cache_len for layer in cache.layers)
-            torch._dynamo.mark_dynamic(window, 0, min=self.min_window, max=size - 1)
+        windowed = [layer for layer in cache.layers if _windowed(layer)]
+        for layer in windowed:  # every cache size in one graph: the window (≤ size - 1) is all a forward attends
+            for t in (layer.keys, layer.values):
+                torch._dynamo.mark_dynamic(t, 2, min=2 * self.min_window, max=MAX_CACHE)
+        for window in {id(layer.window): layer.window for layer in windowed}.values():
+            torch._dynamo.mark_dynamic(window, 0, min=self.min_window, max=MAX_CACHE - 1)
         model, derived = self.model, type(self.model)
         model.__class__ = plain_class(model)  # recorded by import path (plain_class); forward is the same
         try:

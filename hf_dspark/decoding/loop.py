@@ -198,9 +198,9 @@ def _set_window(cache: StaticCache, window: torch.Tensor | None) -> None:
 def reserve(model, positions: int) -> None:
     """Size the static cache DSpark's own loops keep on `model` for calls of up to `positions` positions (prompt +
     max_new_tokens), as a warm-up call that long would. A call that needs more than the cache holds allocates a new
-    one, and on the compiled loop compiles its graph again for it (minutes on a CPU): reserve the longest call
-    expected before the first. Forwards attend only the positions in use (WindowedLayer), so a longer cache costs
-    memory, not attention."""
+    one in the middle of the run (the compiled loop's graph serves every cache size of full-attention layers, but
+    not a sliding window's longer layer: graphs.py): reserve the longest call expected before the first. Forwards
+    attend only the positions in use (WindowedLayer), so a longer cache costs memory, not attention."""
     if positions < 1:
         raise ValueError(f"positions must be >= 1, got {positions}")
     _static_cache(model, positions + LENGTHS[-1], reset=False)  # the longest padded verification past the last
@@ -208,8 +208,8 @@ def reserve(model, positions: int) -> None:
 
 def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
     """The model's static cache (reset unless `reset=False`), if it holds more than `length` positions; else a new
-    one of `length` + 1 rounded up to CACHE_STEP (kept for later calls). One cache object keeps compiled graphs
-    valid across calls (their guards check its tensors); a generate call is not thread-safe on one model anyway."""
+    one of `length` + 1 rounded up to CACHE_STEP (kept for later calls: a generate call is not thread-safe on one
+    model anyway)."""
     kept = model.__dict__.get("_dspark_static_cache")
     placed = (model.dtype, model.device)  # a cast or moved model needs a new cache
     if kept is not None and kept[1] == placed and kept[2] > length:

@@ -17,10 +17,12 @@ def _path(model, length=100, taps=(1, 3)):
 
 
 def test_the_key_changes_with_what_a_graph_was_traced_under():
+    """...and not with the weights or the size of a cache of full-attention layers (a sliding window's layer keeps
+    its size in the key: test_a_sliding_window_layer_keeps_its_size_in_the_key)."""
     model = tiny_target()
     base = _path(model)
     assert _path(tiny_target(seed=1)) == base  # another checkpoint of the same config: weights are inputs
-    assert _path(model, length=600) != base  # the cache's size
+    assert _path(model, length=600) == base  # full-attention layers: one graph for every cache size
     assert _path(model, taps=(1, 2)) != base  # the hidden states tapped
     with WeightMajorLinears(model, max_rows=8):
         assert _path(model) != base  # the products the linear layers run
@@ -45,3 +47,16 @@ def test_forms_and_the_class_a_graph_records():
         assert {form.rsplit(":", 1)[1] for form in linear_forms(model)} == {"8"}
     enable(model)
     assert type(model) is not LlamaForCausalLM and plain_class(model) is LlamaForCausalLM
+
+
+def test_a_sliding_window_layer_keeps_its_size_in_the_key():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, sliding_window=1024,
+                                             max_position_embeddings=4096)).eval()
+    kinds = {type(layer).__name__ for layer in loop._static_cache(model, 100).layers}
+    assert kinds == {"StaticSlidingWindowLayer"}
+    assert _path(model, length=100) != _path(model, length=600)  # min(window, size) is the layer's size
+    assert _path(model, length=1500) == _path(model, length=2000)  # both the window's 1,024

@@ -81,7 +81,8 @@ def test_eager_forwards_attend_only_the_cache_positions_in_use(monkeypatch):
 def test_compiled_verification_equals_plain_with_one_graph_saved_and_loaded(tmp_path, monkeypatch, caplog):
     """Verifications of 2, 4 and 8 tokens over windows of 64, 128 and 192 cache positions run one graph (length and
     window are symbolic), compiled once (over a corrupt file, which is overwritten) and saved; a later model of the
-    same config loads it from disk instead of compiling, and runs its own weights through it (weights are inputs)."""
+    same config loads it from disk instead of compiling, and runs its own weights through it (weights are inputs),
+    on a longer cache too (the cache size is symbolic)."""
     from torch._dynamo.utils import counters
 
     from hf_dspark.decoding import graphs
@@ -92,7 +93,12 @@ def test_compiled_verification_equals_plain_with_one_graph_saved_and_loaded(tmp_
     compile_ = graphs.VerificationGraphs._compile
     monkeypatch.setattr(graphs.VerificationGraphs, "_compile",
                         lambda self, *a: compiles.append(1) or compile_(self, *a))
-    model = tiny_target()
+    def target(seed):
+        model = tiny_target(seed=seed)
+        model.config.max_position_embeddings = 2048  # room for a 1,024-position cache
+        return model
+
+    model = target(0)
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=7, target_layer_ids=[0, 2])
     (tmp_path / "graphs").mkdir()
@@ -109,11 +115,18 @@ def test_compiled_verification_equals_plain_with_one_graph_saved_and_loaded(tmp_
     assert sum(r.verified > 0 for r in drafter.last_stats.rounds) > 20
     assert "could not load the compiled graph" in caplog.text
     for seed in (0, 1):  # a new process's model, then another checkpoint of the same config
-        other = tiny_target(seed=seed)
+        other = target(seed)
         torch.manual_seed(0)
         drafter = DSparkDrafter.from_target(other, block_size=7, target_layer_ids=[0, 2])
         plain, out = _greedy(other, drafter, options, new=150)
         assert out.tolist() == plain.tolist() and not drafter.last_stats.fallback
+    assert other.__dict__["_dspark_static_cache"][2] == 512
+    prompt = torch.randint(3, 60, (1, 600), generator=torch.Generator().manual_seed(600))
+    plain = other.generate(prompt, do_sample=False, max_new_tokens=30)
+    with oracle_drafts(plain):
+        out = other.generate(prompt, do_sample=False, max_new_tokens=30, assistant_model=drafter, dspark_options=options)
+    assert out.tolist() == plain.tolist() and not drafter.last_stats.fallback
+    assert other.__dict__["_dspark_static_cache"][2] == 1024
     assert counters["stats"]["unique_graphs"] - before == 1 and compiles == [1]  # loaded, not compiled
     assert len(list((tmp_path / "graphs").glob("*.json"))) == 1
 
