@@ -171,20 +171,26 @@ class VerificationGraphs:
         for layer in windowed:  # every cache size in one graph: the window (≤ size - 1) is all a forward attends
             for t in (layer.keys, layer.values):
                 torch._dynamo.mark_dynamic(t, 2, min=2 * self.min_window, max=MAX_CACHE)
-        for window in {id(layer.window): layer.window for layer in windowed}.values():
+        for window in {id(layer.window): layer.window for layer in windowed if layer.window is not None}.values():
             torch._dynamo.mark_dynamic(window, 0, min=self.min_window, max=MAX_CACHE - 1)
         model, derived = self.model, type(self.model)
         model.__class__ = plain_class(model)  # recorded by import path (plain_class); forward is the same
         try:
-            graph = torch.compile(_forward, fullgraph=True,
-                                  options={"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
-                                  ).aot_compile(((model, tokens, cache, taps), {}))
-            graph.save_compiled_function(str(path.parent.mkdir(parents=True, exist_ok=True) or path))
-        except Exception as e:
-            write_atomic(path.with_suffix(".failed"), f"{type(e).__name__}: {str(e).splitlines()[0][:300]}\n")
-            raise
+            try:
+                graph = torch.compile(_forward, fullgraph=True,
+                                      options={"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe}
+                                      ).aot_compile(((model, tokens, cache, taps), {}))
+            except Exception as e:
+                write_atomic(path.with_suffix(".failed"), f"{type(e).__name__}: {str(e).splitlines()[0][:300]}\n")
+                raise
+            logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                graph.save_compiled_function(str(path))  # atomic: a kill leaves no half file
+            except Exception as e:  # noqa: BLE001 -- this process keeps the graph; the next compiles it again
+                logger.warning(f"DSpark: could not save the compiled graph to {path} ({type(e).__name__}: {e})")
+            else:
+                write_atomic(path.with_suffix(".json"), json.dumps(key, indent=1, sort_keys=True, default=str))
         finally:
             model.__class__ = derived
-        write_atomic(path.with_suffix(".json"), json.dumps(key, indent=1, sort_keys=True, default=str))
-        logger.warning(f"DSpark: compiled in {time.perf_counter() - t0:.0f} s")
         return graph

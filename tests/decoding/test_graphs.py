@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from hf_dspark.decoding import loop
-from hf_dspark.decoding.graphs import graph_key, graph_path, linear_forms, plain_class
+from hf_dspark.decoding.graphs import VerificationGraphs, graph_key, graph_path, linear_forms, plain_class
 from hf_dspark.decoding.linears import WeightMajorLinears
 from hf_dspark.decoding.routing import enable
 from tests.conftest import tiny_target
@@ -60,3 +60,39 @@ def test_a_sliding_window_layer_keeps_its_size_in_the_key():
     assert kinds == {"StaticSlidingWindowLayer"}
     assert _path(model, length=100) != _path(model, length=600)  # min(window, size) is the layer's size
     assert _path(model, length=1500) == _path(model, length=2000)  # both the window's 1,024
+
+
+def test_a_graph_that_cannot_be_saved_still_serves_this_process(tmp_path, monkeypatch, caplog):
+    """Saving fails (a full disk, an object the pickler refuses): a warning, no failure recorded, no file left, and
+    the compiled graph serves this process's calls (compiled once)."""
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    compiled = []
+
+    class Graph:  # stands in for an AOT-compiled function: the eager forward
+        def __call__(self, model, tokens, cache, taps):
+            out = model(tokens, cache=cache, use_cache=True, output_hidden_states=taps)
+            return out.logits, out.hidden_states
+
+        def save_compiled_function(self, path):
+            raise OSError("No space left on device")
+
+    class Compile:
+        def __init__(self, fn, **kwargs):
+            pass
+
+        def aot_compile(self, example_inputs):
+            compiled.append(1)
+            return Graph()
+
+    monkeypatch.setattr(torch, "compile", Compile)
+    model = tiny_target()
+    cache = loop._static_cache(model, 100)
+    ids = torch.randint(3, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    model(ids, cache=cache, use_cache=True)
+    graphs = VerificationGraphs(model, 8, 64)
+    for _ in range(2):
+        out = graphs(ids[:, :4], cache=cache, output_hidden_states=None)
+        assert out.logits.shape == (1, 4, 64)
+        cache.crop(-4)
+    assert compiled == [1] and "could not save the compiled graph" in caplog.text
+    assert not any((tmp_path / "graphs").iterdir())
