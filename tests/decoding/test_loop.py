@@ -208,16 +208,22 @@ def test_eos_stop_strings_criteria_and_streamer_are_exact(llama, char_tokenizer)
     assert "".join(streamer) == char_tokenizer.decode(out[0, PROMPT.shape[1]:])
 
 
-def test_sampling_follows_the_targets_law():
-    """G-test on the enumerable V = 8 pair: rejection sampling on the static loop, drafts rejected often."""
+@pytest.mark.parametrize("name", ["static", "compiled"])
+def test_sampling_follows_the_targets_law(name, tmp_path, monkeypatch):
+    """G-test on the enumerable V = 8 pair: rejection sampling on the static loop, drafts rejected often; and on the
+    compiled loop, its verifications run by a real compiled graph (saved in a temporary folder)."""
     from tests.sampling_check import PROMPT as SMALL
 
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
     model, drafter = setup(head="markov")
     exact = exact_distribution(model, SMALL, STEPS, processors())
-    samples = sample_counts(model, drafter, SMALL, STEPS, N, seed=11, dspark_options=STATIC)
+    options = DecodingOptions("all", ngram_drafts=False, loop=name)
+    samples = sample_counts(model, drafter, SMALL, STEPS, N, seed=11, dspark_options=options)
     assert any(r.verified > r.accepted for r in drafter.last_stats.rounds)
+    if name == "compiled":
+        assert "_dspark_compile_error" not in model.__dict__ and list((tmp_path / "graphs").glob("*.pt2"))
     p = fit_pvalue(samples, exact)
-    assert p >= ALPHA, f"static loop: samples deviate from the target's law (p={p:.2e})"
+    assert p >= ALPHA, f"{name} loop: samples deviate from the target's law (p={p:.2e})"
 
 
 def test_negative_control_a_loop_that_keeps_a_rejected_draft_differs(monkeypatch):
