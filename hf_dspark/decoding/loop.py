@@ -1,6 +1,7 @@
 """DSpark's own verification loop: a static KV cache, verification forwards at a few fixed lengths, rollback by
-moving the cache's position, and the multi-token forward compiled (one graph whose token count and attended window
-are symbolic, for every verification length, compiled once per setup and kept on disk: graphs.py).
+moving the cache's position, and the multi-token forward compiled (one graph whose token count, attended window and
+cache size are symbolic, for every verification length and call, compiled once per setup and kept on disk:
+graphs.py).
 
 Drafting, the verify policy, the stats and the rollback of stateful processors stay the candidate generator's
 (candidate.py), exactly as on transformers' assisted loop; this loop replaces only the loop around them, for the
