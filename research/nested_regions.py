@@ -5,7 +5,7 @@ weight-major products for 2..8 rows (as the loop installs them where the profile
 static cache holding a ~100-token prompt. Run each mode in its own process, first on an empty inductor cache
 (cold) and again on the same one (warm):
 
-    TORCHINDUCTOR_CACHE_DIR=/tmp/ind_full .venv/bin/python research/nested_regions.py full [repeats=15]
+    TORCHINDUCTOR_CACHE_DIR=out/inductor_full .venv/bin/python research/nested_regions.py full [repeats=15]
 
 Prints the compile time, then the median time of a verification of 1 (eager), 2, 4 and 8 tokens, compiled and
 eager, each in ms, and whether the compiled logits match the eager ones to float rounding.
