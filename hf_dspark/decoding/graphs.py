@@ -54,15 +54,17 @@ def plain_class(model: nn.Module) -> type:
     raise TypeError(f"{type(model).__name__} has no importable class")
 
 
+def _installed(linear: nn.Linear):
+    """The function installed as `linear`'s instance forward (linears.py), None for nn.Linear's own."""
+    f = linear.__dict__.get("forward")
+    return getattr(f, "__func__", f)
+
+
 def linear_forms(model: nn.Module) -> list[str]:
     """What each nn.Linear of `model` runs: "stock", or the instance forward installed on it (linears.py's
     weight-major form names its row limit)."""
-    forms = []
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            f = getattr(m.__dict__.get("forward"), "__func__", m.__dict__.get("forward"))
-            forms.append("stock" if f is None else f"{f.__qualname__}:{getattr(f, 'max_rows', '')}")
-    return forms
+    forms = [_installed(m) for m in model.modules() if isinstance(m, nn.Linear)]
+    return ["stock" if f is None else f"{f.__qualname__}:{getattr(f, 'max_rows', '')}" for f in forms]
 
 
 def _cpu() -> str:
@@ -78,13 +80,14 @@ def graph_key(model, cache, taps, max_tokens: int) -> dict:
     """Everything a saved graph was traced under besides its tensors' shapes (module docstring)."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+    cls = plain_class(model)
     config = model.config.to_dict()
     for k in ("_name_or_path", "transformers_version"):
         config.pop(k, None)
     device = torch.device(model.device)
     return {
         "version": GRAPH_VERSION,
-        "class": f"{plain_class(model).__module__}.{plain_class(model).__qualname__}",
+        "class": f"{cls.__module__}.{cls.__qualname__}",
         "config": config,
         "attention": getattr(model.config, "_attn_implementation", None),
         "dtype": str(model.dtype),
@@ -128,7 +131,7 @@ class VerificationGraphs:
         self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
 
     def __call__(self, tokens: torch.Tensor, *, cache, use_cache: bool = True, output_hidden_states=None):
-        forms = tuple(id(getattr(f, "__func__", f)) for f in (m.__dict__.get("forward") for m in self.linears))
+        forms = tuple(id(_installed(m)) for m in self.linears)
         seen = (id(cache), len(cache.layers), getattr(cache.layers[0], "max_cache_len", None),
                 repr(output_hidden_states), torch.get_num_threads(), self.model.dtype, self.model.device, forms)
         graph = self.seen.get(seen)
