@@ -2,7 +2,7 @@
 
 transformers keeps assistant options on the assistant, so `generate()` keeps its signature: the drafter's defaults
 live in one place, `drafter.options` (`drafter.options.verify_policy = "scheduler"`, `drafter.options.ngram_drafts =
-True`, `drafter.options.device_profile = profile`, `drafter.options.loop = "compiled"`, or a whole
+True`, `drafter.options.device_profile = profile`, `drafter.options.loop = "assisted"`, or a whole
 `drafter.options = DecodingOptions(...)`), and one call can pass its own:
 `model.generate(..., assistant_model=drafter, dspark_options=DecodingOptions(loop="static"))`.
 The command line's text forms are parsed here, once:
@@ -17,10 +17,13 @@ What each policy means, and its validation at generate(): policy.py.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .profile import DeviceProfile
+from .profile import DeviceProfile, profile_key, profile_path
+
+LOOPS = ("auto", "assisted", "static", "compiled")  # DecodingOptions.loop
 
 Policy = Union[str, int, tuple, Callable]  # "all" | "scheduler" | k | ("threshold", t) | policy(conf) -> ℓ
 
@@ -30,16 +33,32 @@ class DecodingOptions:
     """verify_policy: how many drafts to verify per round (default "auto": the scheduler and its draft gate on this
     device's measured profile, policy.py); ngram_drafts: rounds whose last tokens occurred before take free
     n-gram drafts instead (ngram.py; default on); device_profile: the DeviceProfile the scheduler uses (None = the
-    cached one for this target/device, measured once); loop: "assisted" (default: transformers' assisted-decoding
+    cached one for this target/device, measured once); loop: "auto" (default: DSpark's compiled loop where this
+    machine has set it up, else transformers' assisted loop; `concrete`), "assisted" (transformers' assisted-decoding
     loop), "static" (DSpark's own loop on a static KV cache, loop.py) or "compiled" (the same, its multi-token
-    verification forwards compiled: a graph per verification length, compiled on first use). The defaults are the
-    best lossless configuration this package knows; "all" (verify every draft, no gate) stays available and can be
-    slower than plain generate."""
+    verification forward compiled: one graph, compiled once per setup and kept on disk, graphs.py). The defaults
+    are the best lossless configuration this package knows; "all" (verify every draft, no gate) stays available and
+    can be slower than plain generate."""
 
     verify_policy: Policy = "auto"
     ngram_drafts: bool = True
     device_profile: DeviceProfile | None = None
-    loop: str = "assisted"
+    loop: str = "auto"
+
+    def concrete(self, target, drafter) -> "DecodingOptions":
+        """These options with loop "auto" made concrete for `target` verified with `drafter`: the loop of the
+        device_profile given, else "compiled" where its device profile is saved on this machine (measuring it
+        compiled and saved the loop's graph: `hf-dspark profile`, or get_profile(..., loop="compiled")), else
+        "assisted". Every loop gives the same greedy tokens and samples the same law; a seed's samples depend on
+        the loop, so a sampled call that must repeat across machines names its loop."""
+        if self.loop != "auto":
+            return self
+        if self.device_profile is not None:
+            loop = self.device_profile.key.loop
+        else:
+            compiled = profile_path(profile_key(target, drafter, "compiled")).exists()
+            loop = "compiled" if compiled else "assisted"
+        return dataclasses.replace(self, loop=loop)
 
     @classmethod
     def parse(cls, text: str) -> "DecodingOptions":

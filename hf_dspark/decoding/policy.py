@@ -115,7 +115,7 @@ class VerifyPolicy:
     @classmethod
     def for_call(cls, drafter, target, options=None, temperature: float | None = None) -> "VerifyPolicy":
         """The policy of a call with these DecodingOptions (default: the drafter's `options`)."""
-        options = drafter.options if options is None else options
+        options = (drafter.options if options is None else options).concrete(target, drafter)
         return cls(options.verify_policy, drafter, target, temperature, options.device_profile, options.loop)
 
     def _carried_gate(self, target, temperature: float | None) -> DraftGate | None:

@@ -32,7 +32,7 @@ from ..model.binding import check_placement
 from . import loop
 from .candidate import DSparkCandidateGenerator
 from .draft_model import DraftModel
-from .options import DecodingOptions
+from .options import LOOPS, DecodingOptions
 
 # The private methods we override, with the leading parameters we rely on (checked by `enable`).
 _EXPECTED = {
@@ -50,7 +50,6 @@ _EXPECTED = {
 logger = logging.get_logger(__name__)
 
 _CACHES = (None, "dynamic", "static")
-_LOOPS = ("assisted", "static", "compiled")  # DecodingOptions.loop
 
 # Assistant options of transformers' own generators that mean nothing to DSpark: refusing them beats ignoring them.
 _FOREIGN_OPTIONS = (
@@ -143,14 +142,16 @@ class DSparkGenerationMixin:
             if kwargs.get("streamer") is not None:
                 kwargs["streamer"] = _StoppingStreamer(kwargs["streamer"], scanner, input_ids)
         options = _CALL_OPTIONS.get() or drafter.options
-        if options.loop not in _LOOPS:
-            raise ValueError(f"DecodingOptions.loop must be one of {_LOOPS}, got {options.loop!r}")
+        if options.loop not in LOOPS:
+            raise ValueError(f"DecodingOptions.loop must be one of {LOOPS}, got {options.loop!r}")
+        chosen, options = options.loop, options.concrete(self, drafter)
         why = None if options.loop == "assisted" else loop.unsupported(self, input_ids, generation_config, kwargs,
                                                                       drafter.config.block_size)
         if options.loop == "assisted" or why is not None:
-            if why is not None:
-                logger.warning_once(f"DSpark's {options.loop} loop does not take {why}: this call runs on "
-                                    "transformers' assisted loop (same output, its speed)")
+            if why is not None:  # asked for by name: said once; chosen by "auto": the assisted loop is its other choice
+                (logger.warning_once if chosen != "auto" else logger.info)(
+                    f"DSpark's {options.loop} loop does not take {why}: this call runs on transformers' assisted "
+                    "loop (same output, its speed)")
             # the candidate generator transformers builds reads the call's options: the loop that runs, for its
             # profile
             token = _CALL_OPTIONS.set(dataclasses.replace(options, loop="assisted"))

@@ -288,6 +288,36 @@ def test_stats_name_the_loop_that_ran(llama):
     assert (drafter.last_stats.loop, drafter.last_stats.fallback) == ("assisted", "")
 
 
+def test_the_default_loop_is_compiled_once_its_profile_is_measured_and_a_seed_samples_as_that_loop(tmp_path,
+                                                                                                   monkeypatch):
+    """Default options (loop "auto"): transformers' assisted loop until the compiled loop's profile is measured here
+    (`hf-dspark profile`; measuring it compiles the graph: a stand-in here), then the compiled loop; greedy equal to
+    plain either way, and a seed's samples are those of the loop that ran (the same call pinned to it by name)."""
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    monkeypatch.setattr(loop, "_compiled_forward", lambda m, most: m.forward)  # the compiled path, eagerly
+    from hf_dspark.decoding.profile import get_profile
+
+    model = tiny_target()
+    torch.manual_seed(0)
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+
+    def sampled(**options):
+        torch.manual_seed(5)
+        extra = {"dspark_options": DecodingOptions(**options)} if options else {}
+        out = model.generate(PROMPT, do_sample=True, max_new_tokens=24, assistant_model=drafter, **extra)
+        return out.tolist(), drafter.last_stats.loop
+
+    for ran in ("assisted", "compiled"):
+        if ran == "compiled":
+            get_profile(model, drafter, loop="compiled", cache_len=16, warmup=0, repeats=1)
+        plain = model.generate(PROMPT, do_sample=False, max_new_tokens=24)
+        out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, assistant_model=drafter)
+        assert out.tolist() == plain.tolist() and drafter.last_stats.loop == ran
+        (auto, auto_ran), (named, _) = sampled(), sampled(loop=ran)
+        assert auto == named and auto_ran == ran
+    assert drafter.options.loop == "auto"
+
+
 def test_a_sliding_window_as_long_as_the_cache_takes_the_static_loop_and_stays_exact():
     from tests import arch_matrix
 

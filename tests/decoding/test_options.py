@@ -23,3 +23,28 @@ def test_default_options_are_the_documented_ones():
     assert DecodingOptions.parse("auto+ngram") == default
     assert DecodingOptions.parse("all") == DecodingOptions("all", ngram_drafts=False)
     assert re.search(r'`"all"`[^.]*slower than plain', " ".join((ROOT / "docs/scheduler.md").read_text().split()))
+
+
+def test_auto_loop_runs_the_compiled_loop_only_where_this_machine_set_it_up(tmp_path, monkeypatch):
+    """loop "auto" (the default) is "assisted" until the compiled loop's device profile is saved for this setup
+    (measuring it compiles and saves the graph), then "compiled"; a device_profile passed names its own loop; a
+    named loop is kept. Another setup (dtype) is not set up by this one's profile."""
+    import torch
+
+    from hf_dspark.decoding.profile import DeviceProfile, profile_key, profile_path
+
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    model = tiny_target()
+    drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
+    auto = DecodingOptions()
+    assert auto.loop == "auto" and auto.concrete(model, drafter).loop == "assisted"
+    assert DecodingOptions(loop="static").concrete(model, drafter).loop == "static"
+    key = profile_key(model, drafter, "compiled")
+    profile = DeviceProfile(key, verify_time=[1.0] * 4, draft_time=0.1, rollback_time=0.0, cache_len=8, warmup=0,
+                            repeats=1)
+    assert DecodingOptions(device_profile=profile).concrete(model, drafter).loop == "compiled"
+    profile.save(profile_path(key))
+    resolved = auto.concrete(model, drafter)
+    assert resolved == DecodingOptions(loop="compiled") and auto.loop == "auto"  # a copy: the drafter's stay "auto"
+    assert DecodingOptions(loop="assisted").concrete(model, drafter).loop == "assisted"
+    assert auto.concrete(model.to(torch.bfloat16), drafter.to(torch.bfloat16)).loop == "assisted"

@@ -159,18 +159,42 @@ def test_break_even_on_a_hand_table():
     assert break_even_survival(p) == pytest.approx([0.2 / 1.5, 0.0, 2.4 / 1.7])
 
 
-def test_cli_profile(tmp_path, capsys, char_tokenizer):
+@pytest.mark.parametrize("loop", [None, "assisted"])
+def test_cli_profile(loop, tmp_path, capsys, char_tokenizer, monkeypatch):
+    """`hf-dspark profile` measures the compiled loop unless told another (compiling: a stand-in here), which is
+    what sets the default loop "auto" up on this machine."""
     from hf_dspark import cli
+    from hf_dspark.decoding import loop as loops
 
+    monkeypatch.setattr(loops, "_compiled_forward", lambda m, most: m.forward)
     tiny_target().save_pretrained(tmp_path / "tiny")
     char_tokenizer.save_pretrained(tmp_path / "tiny")
     argv = ["profile", "--target", str(tmp_path / "tiny"), "--device", "cpu", "--cache-len", "8",
-            "--warmup", "0", "--repeats", "1", "--output", str(tmp_path / "out.json")]
+            "--warmup", "0", "--repeats", "1", "--output", str(tmp_path / "out.json")] + (["--loop", loop] if loop else [])
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "saved" in out and "break-even" in out
     assert cli.main(argv) == 0 and "cached profile" in capsys.readouterr().out
-    assert load_profile(tmp_path / "out.json").block_size == 7
+    saved = load_profile(tmp_path / "out.json")
+    assert saved.block_size == 7 and saved.key.loop == (loop or "compiled")
+
+
+def test_a_compiled_profile_is_refused_where_the_loop_cannot_compile(pair, monkeypatch):
+    """Its forwards would run eagerly: a profile saved under the compiled loop would time another loop, and loop
+    "auto" would then choose the compiled loop here."""
+    model, drafter = pair
+
+    class FailingCompile:
+        def __init__(self, fn, **kwargs):
+            pass
+
+        def aot_compile(self, example_inputs):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", FailingCompile)
+    with pytest.raises(RuntimeError, match="cannot compile this target here.*InvalidCxxCompiler"):
+        get_profile(model, drafter, loop="compiled", cache_len=8, warmup=0, repeats=1)
+    assert not list(prof.storage_dir().glob("profiles/*.json"))
 
 
 def test_pruned_draft_vocabulary_is_timed_and_keyed(pair):
