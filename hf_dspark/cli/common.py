@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-LOOPS = ("assisted", "static", "compiled")  # DecodingOptions.loop (decoding/routing.py checks it)
+LOOPS = ("auto", "assisted", "static", "compiled")  # decoding/options.py LOOPS (kept here: no torch import)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # io.loading.DTYPES' full names, besides "auto"
 

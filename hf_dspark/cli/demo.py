@@ -32,11 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="training steps of the tiny drafters at startup (0 = random)")
     p.add_argument("--max-new-tokens", type=int, default=int(_env("DEMO_MAX_NEW_TOKENS", str(MAX_NEW_TOKENS))),
                    help="cap on the max-new-tokens control")
-    p.add_argument("--loop", type=_loop, default=_env("LOOP", "assisted"), metavar="{" + ",".join(common.LOOPS) + "}",
-                   help="DSpark's decoding loop (DecodingOptions.loop): transformers' assisted loop (the library's "
-                        "default), or DSpark's own on a static KV cache, eager (static) or compiled (at "
-                        "startup: compiled once per setup, minutes on a CPU, then loaded from $HF_DSPARK_CACHE/graphs "
-                        "in seconds)")
+    p.add_argument("--loop", type=_loop, default=_env("LOOP", "auto"), metavar="{" + ",".join(common.LOOPS) + "}",
+                   help="DSpark's decoding loop (DecodingOptions.loop): auto (the library's default: the compiled loop "
+                        "where `hf-dspark profile` set it up, else assisted), transformers' assisted loop, or "
+                        "DSpark's own on a static KV cache, eager (static) or compiled (at startup: compiled once per "
+                        "setup, minutes on a CPU, then loaded from $HF_DSPARK_CACHE/graphs in seconds)")
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting at most; more are refused")
     p.add_argument("--host", default=None, help="bind address (default: gradio's, 127.0.0.1 or $GRADIO_SERVER_NAME)")
     p.add_argument("--port", type=int, default=None, help="port (default: gradio's, 7860 or $GRADIO_SERVER_PORT)")

@@ -56,10 +56,11 @@ def add_parser(sub) -> None:
                         "profile), scheduler, all, an int k, threshold:T")
     g.add_argument("--ngram-drafts", action=argparse.BooleanOptionalAction, default=True,
                    help="take free n-gram drafts from the context when its last 2-4 tokens occurred before (lossless)")
-    g.add_argument("--loop", choices=common.LOOPS, default="assisted",
-                   help="decoding loop: transformers' assisted loop, or DSpark's own on a static KV cache, its "
-                        "verification eager (static) or compiled (compiled: its graph is compiled once per setup, minutes "
-                        "on a CPU, and saved under $HF_DSPARK_CACHE/graphs; later runs load it in seconds)")
+    g.add_argument("--loop", choices=common.LOOPS, default="auto",
+                   help="decoding loop: auto (DSpark's compiled loop once `hf-dspark profile` has set it up on this "
+                        "machine, else transformers' assisted loop), assisted, or DSpark's own on a static KV cache, "
+                        "its verification eager (static) or compiled (compiled: its graph is compiled once per setup, "
+                        "minutes on a CPU, and saved under $HF_DSPARK_CACHE/graphs; later runs load it in seconds)")
     g.set_defaults(func=cmd_generate)
 
 
@@ -212,9 +213,13 @@ def cmd_generate(args) -> int:
     print(f"DSpark         : {s['tokens']:5d} tokens in {s['seconds']:6.2f} s = {s['tokens'] / s['seconds']:6.1f} tok/s "
           f"({ratio:.2f}x){busy_note(torch.get_num_threads())}")
     pooled = DSparkStats(block_size=drafter.config.block_size, rounds=res["rounds"])
+    ran = drafter.last_stats.loop if drafter.last_stats is not None else args.loop
     print(f"verify policy: {args.verify}{' + n-gram drafts' if args.ngram_drafts else ''}; "
-          f"verified drafts per round: {pooled.verify_lengths}; "
-          f"loop: {drafter.last_stats.loop if drafter.last_stats is not None else args.loop}")
+          f"verified drafts per round: {pooled.verify_lengths}; loop: {ran}"
+          + (" (auto)" if args.loop == "auto" else ""))
+    if args.loop == "auto" and ran == "assisted" and not drafter.last_stats.fallback:
+        print("faster on most prompts: DSpark's compiled loop, which `hf-dspark profile` sets up once on this machine "
+              "(minutes; loop auto uses it from then on)", file=sys.stderr)
     print(f"τ (tokens committed per round) = {pooled.tau:.2f} over {len(pooled.rounds)} rounds "
           f"({pooled.drafted_rounds} drafted, {pooled.ngram_rounds} of them n-gram drafts)")
     if args.do_sample:

@@ -6,7 +6,8 @@ from . import common
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="measure the step-time curve the scheduler uses on this device")
+    p = subparsers.add_parser("profile", help="set up this machine: compile DSpark's loop and measure the step-time "
+                                              "curve the scheduler uses (once per target, dtype and thread count)")
     common.add_target(p)
     common.add_drafter(p, help="drafter folder (default: the shipped drafter; only its shape matters)")
     common.add_dtype(p, default="auto", help="target dtype (auto: as hf-dspark generate picks it)")
@@ -15,8 +16,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cache-len", type=common.positive, default=256, help="KV-cache length the forwards run on")
     p.add_argument("--warmup", type=common.non_negative, default=5, help="untimed forwards per length")
     p.add_argument("--repeats", type=common.positive, default=20, help="timed forwards per length (median kept)")
-    p.add_argument("--loop", choices=common.LOOPS, default="assisted",
-                   help="the decoding loop to measure (DecodingOptions.loop): each has its own profile")
+    p.add_argument("--loop", choices=common.LOOPS[1:], default="compiled",
+                   help="the decoding loop to measure (DecodingOptions.loop), each has its own profile; compiled "
+                        "(default) also compiles and saves its verification graph (minutes on a CPU, once), after "
+                        "which loop 'auto', the default, runs DSpark's compiled loop on this machine")
     p.add_argument("--force", action="store_true", help="re-measure even if a profile for this setup is cached")
     common.add_output(p, "also write the profile JSON here")
     p.set_defaults(func=cmd_profile)

@@ -174,12 +174,19 @@ def tiny_models(steps: int = 150, seed: int = 0) -> DemoModels:
 
 
 def use_loop(models: DemoModels, loop: str, positions: int) -> None:
-    """Every drafter decodes on `loop` (DecodingOptions.loop). DSpark's own loops get one static cache sized for the
-    longest request (`positions`: prompt + new tokens), so no request allocates one, or compiles, during a race."""
-    for d in models.drafters.values():
-        if d is not None:
-            d.options = dataclasses.replace(d.options, loop=loop)
-    if loop != "assisted":
+    """Every drafter decodes on `loop` (DecodingOptions.loop; "auto" as the library resolves it). DSpark's own loops
+    get one static cache sized for the longest request (`positions`: prompt + new tokens), so no request allocates
+    one, or compiles, during a race."""
+    drafters = [d for d in models.drafters.values() if d is not None]
+    for d in drafters:
+        d.options = dataclasses.replace(d.options, loop=loop)
+    runs = {d.options.concrete(models.target, d).loop for d in drafters} or {loop}
+    if runs != {"assisted"}:
         reserve(models.target, positions)
-        models.info.append(f"decoding loop: {loop} (DSpark's own, on a static KV cache"
-                           + (", its verification compiled at startup)" if loop == "compiled" else ")"))
+    what = {"assisted": "transformers' assisted loop", "static": "DSpark's own, on a static KV cache",
+            "compiled": "DSpark's own, on a static KV cache, its verification compiled"}
+    ran = ", ".join(f"{r} ({what[r]})" for r in sorted(runs))
+    if loop == "auto":
+        ran = f"auto: {ran}" + ("; `hf-dspark profile` sets up the faster compiled loop once per machine"
+                                if runs == {"assisted"} else "")
+    models.info.append(f"decoding loop: {ran}")

@@ -47,7 +47,7 @@ class Method:
     drafter: object | None = None
     policy: object = "all"
     ngram: bool = False
-    loop: str = "assisted"  # DecodingOptions.loop of a DSpark method
+    loop: str = "auto"  # DecodingOptions.loop of a DSpark method
     fresh: Callable[[int], dict] | None = None
 
 
@@ -128,7 +128,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
         out = model.generate(ids, **kw)
         return out, time.perf_counter() - t0
 
-    if any(m.drafter is not None and m.loop != "assisted" for m in methods):
+    if any(_loop(model, m) not in ("assisted", None) for m in methods):
         reserve(model, longest)  # DSpark's own loops get one cache for the whole run too, as the static-cache peers
     first_calls: dict[str, float] = {}  # first-call costs (allocations, profile, compiling) stay out of the numbers
     for ids in encoded[:warmup]:
@@ -151,6 +151,7 @@ def run_bench(model, tok, methods: list[Method], prompts: list[tuple[str, str]],
                 "prompt": i, "dataset": prompts[i][0], "method": m.name, "seconds": secs,
                 "new_tokens": out.shape[1] - ids.shape[1], "tokens": out[0, ids.shape[1]:].tolist(),
                 "rounds": [vars(r) for r in st.rounds] if st is not None else None,
+                "loop": st.loop if st is not None else None,
             })
         if not do_sample:
             for name, out in outs.items():
@@ -177,11 +178,18 @@ def _pooled_stats(rows: list[dict], block: int) -> dict:
             "draft_time_s": st.draft_time, "verify_time_s": st.verify_time}
 
 
+def _loop(model, m: Method) -> str | None:
+    """The loop a DSpark method runs on ("auto" resolved as generate resolves it); None for other methods."""
+    if m.drafter is None:
+        return None
+    return dataclasses.replace(m.drafter.options, loop=m.loop).concrete(model, m.drafter).loop
+
+
 def _profile_used(model, m: Method) -> dict | None:
     """The cached device profile of a DSpark method's drafter and loop (None: none is cached; static lengths and
     "all" do not read it): the curve, the drafter's round and the verification products (decoding/linears.py)."""
     try:
-        p = get_profile(model, m.drafter, measure=False, loop=m.loop or "assisted")
+        p = get_profile(model, m.drafter, measure=False, loop=_loop(model, m))
     except FileNotFoundError:
         return None
     return {"verify_time": p.verify_time, "draft_time": p.draft_time, "sampled_draft_time": p.sampled_draft_time,
@@ -209,6 +217,7 @@ def summarize(rows, methods, base, prompts, model, gen) -> dict:
             }
             if m.drafter is not None:
                 e.update(_pooled_stats(sel, m.drafter.config.block_size))
+                e["loops"] = sorted({r["loop"] for r in sel})  # the loops that ran ("auto" resolved; fallbacks)
             if "identical" in (sel[0] if sel else {}):
                 e["mismatches"] = [r["prompt"] for r in sel if not r["identical"]]
                 e["near_ties"] = [r["prompt"] for r in sel if not r["identical"] and r["divergence"]["near_tie"]]
@@ -227,7 +236,8 @@ def markdown_table(res: dict) -> str:
                 continue  # one dataset: its row says it all
             ident = "—" if "mismatches" not in e else identity_cell(e)
             tau = f"{e['tau']:.2f}" if "tau" in e else "—"
-            lines.append(f"| {name} | {scope} | {e['tokens_per_s']:.1f} | {e['speedup_median']:.2f}× "
+            loops = f" ({', '.join(e['loops'])} loop)" if e.get("loops") else ""
+            lines.append(f"| {name}{loops} | {scope} | {e['tokens_per_s']:.1f} | {e['speedup_median']:.2f}× "
                          f"({e['speedup_p25']:.2f}–{e['speedup_p75']:.2f}) | {e['speedup_p10']:.2f}× | "
                          f"{e['speedup_worst']:.2f}× | {e['speedup_pooled']:.2f}× | {tau} | {ident} |")
     return "\n".join(lines)
