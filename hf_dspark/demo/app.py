@@ -46,8 +46,9 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
         return tok.decode([i], skip_special_tokens=False)
 
     def profile_for(drafter):  # measured once per drafter (seconds), then cached on disk by decoding/profile.py
-        if id(drafter) not in profiles:
-            profiles[id(drafter)] = get_profile(target, drafter, measure=True)
+        if id(drafter) not in profiles:  # the profile of the loop its calls run on ("auto" resolved)
+            profiles[id(drafter)] = get_profile(target, drafter, measure=True,
+                                                loop=drafter.options.concrete(target, drafter).loop)
         return profiles[id(drafter)]
 
     def drafter_for(req: Request):
