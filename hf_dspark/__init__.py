@@ -3,6 +3,7 @@
     from hf_dspark import load_default_drafter, load_default_target
     model, tok = load_default_target()
     drafter = load_default_drafter(model)          # or DSparkDrafter.from_pretrained(path, target=model)
+    prepare(model, drafter)                        # optional, once per machine (minutes): DSpark's compiled loop
     out = model.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
     print(drafter.last_stats)
 
@@ -25,6 +26,7 @@ _EXPORTS = {
     "load_default_drafter": ".io.loading",
     "load_default_target": ".io.loading",
     "mark_stateless": ".decoding.processors",
+    "prepare": ".decoding.profile",
 }
 __all__ = sorted(_EXPORTS)
 

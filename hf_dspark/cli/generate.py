@@ -217,9 +217,6 @@ def cmd_generate(args) -> int:
     print(f"verify policy: {args.verify}{' + n-gram drafts' if args.ngram_drafts else ''}; "
           f"verified drafts per round: {pooled.verify_lengths}; loop: {ran}"
           + (" (auto)" if args.loop == "auto" else ""))
-    if args.loop == "auto" and ran == "assisted" and not drafter.last_stats.fallback:
-        print("faster on most prompts: DSpark's compiled loop, which `hf-dspark profile` sets up once on this machine "
-              "(minutes; loop auto uses it from then on)", file=sys.stderr)
     print(f"τ (tokens committed per round) = {pooled.tau:.2f} over {len(pooled.rounds)} rounds "
           f"({pooled.drafted_rounds} drafted, {pooled.ngram_rounds} of them n-gram drafts)")
     if args.do_sample:

@@ -236,6 +236,17 @@ def get_profile(target, drafter, measure: bool = True, loop: str = "assisted", *
     return profile
 
 
+def prepare(target, drafter, force: bool = False) -> DeviceProfile:
+    """Set this machine up for `target` verified with `drafter` (once per target, drafter shape, dtype, device and
+    thread count; minutes on a CPU): compile DSpark's loop, save its graph and measure its device profile. From then
+    on the default loop ("auto", options.py) runs the compiled loop here. force: measure again. Raises where the
+    loop cannot compile (the defaults then stay on transformers' assisted loop)."""
+    path = profile_path(profile_key(target, drafter, "compiled"))
+    if force or not path.exists():
+        measure_profile(target, drafter, loop="compiled").save(path)
+    return get_profile(target, drafter, measure=False, loop="compiled")
+
+
 # ---- measuring --------------------------------------------------------------------------------------------------
 class _Clock:
     """Wall time around device work: synchronises CUDA so queued kernels are counted."""

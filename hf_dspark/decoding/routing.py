@@ -147,6 +147,10 @@ class DSparkGenerationMixin:
         chosen, options = options.loop, options.concrete(self, drafter)
         why = None if options.loop == "assisted" else loop.unsupported(self, input_ids, generation_config, kwargs,
                                                                       drafter.config.block_size)
+        if chosen == "auto" and options.loop == "assisted" and getattr(self, "_can_compile_fullgraph", False):
+            logger.warning_once("DSpark: decoding on transformers' assisted loop. DSpark's compiled loop is faster on "
+                                "most prompts; hf_dspark.prepare(model, drafter) or `hf-dspark profile` sets it up "
+                                "once per machine (minutes), and the default loop runs it from then on")
         if options.loop == "assisted" or why is not None:
             if why is not None:  # asked for by name: said once; chosen by "auto": the assisted loop is its other choice
                 (logger.warning_once if chosen != "auto" else logger.info)(

@@ -6,6 +6,8 @@ import pytest
 import torch
 from transformers import TextIteratorStreamer
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 from hf_dspark import DecodingOptions, DSparkDrafter
 from hf_dspark.decoding import loop
@@ -293,10 +295,13 @@ def test_the_default_loop_is_compiled_once_its_profile_is_measured_and_a_seed_sa
     """Default options (loop "auto"): transformers' assisted loop until the compiled loop's profile is measured here
     (`hf-dspark profile`; measuring it compiles the graph: a stand-in here), then the compiled loop; greedy equal to
     plain either way, and a seed's samples are those of the loop that ran (the same call pinned to it by name)."""
+    import transformers
+
+    from hf_dspark import prepare
+
     monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
     monkeypatch.setattr(loop, "_compiled_forward", lambda m, most: m.forward)  # the compiled path, eagerly
-    from hf_dspark.decoding.profile import get_profile
-
+    transformers.utils.logging.warning_once.cache_clear()  # a once-per-process hint, seen by this test
     model = tiny_target()
     torch.manual_seed(0)
     drafter = DSparkDrafter.from_target(model, block_size=3, target_layer_ids=[0, 2])
@@ -309,10 +314,12 @@ def test_the_default_loop_is_compiled_once_its_profile_is_measured_and_a_seed_sa
 
     for ran in ("assisted", "compiled"):
         if ran == "compiled":
-            get_profile(model, drafter, loop="compiled", cache_len=16, warmup=0, repeats=1)
+            assert prepare(model, drafter).key.loop == "compiled"
         plain = model.generate(PROMPT, do_sample=False, max_new_tokens=24)
-        out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, assistant_model=drafter)
+        with CaptureLogger(logging.get_logger("hf_dspark.decoding.routing")) as log:
+            out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, assistant_model=drafter)
         assert out.tolist() == plain.tolist() and drafter.last_stats.loop == ran
+        assert ("hf_dspark.prepare(model, drafter)" in log.out) == (ran == "assisted")  # said until set up
         (auto, auto_ran), (named, _) = sampled(), sampled(loop=ran)
         assert auto == named and auto_ran == ran
     assert drafter.options.loop == "auto"
