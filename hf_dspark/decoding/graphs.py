@@ -22,6 +22,7 @@ import json
 import platform
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -125,10 +126,15 @@ class VerificationGraphs:
     hidden_states)."""
 
     def __init__(self, model, max_tokens: int, min_window: int):
-        self.model, self.max_tokens, self.min_window = model, max_tokens, min_window
+        self._model = weakref.ref(model)  # loop.py keeps this object for the model's lifetime, keyed weakly by it
+        self.max_tokens, self.min_window = max_tokens, min_window
         self.graphs: dict[Path, object] = {}
         self.seen: dict[tuple, object] = {}  # what changes between calls → its graph (a key costs ~16 ms to build)
         self.linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+    @property
+    def model(self):
+        return self._model()
 
     def __call__(self, tokens: torch.Tensor, *, cache, use_cache: bool = True, output_hidden_states=None):
         forms = tuple(id(_installed(m)) for m in self.linears)

@@ -17,13 +17,15 @@ A padded row sees only earlier positions (causal), so rows 0..ℓ are the logits
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
 from transformers.utils import logging
 
-from .graphs import VerificationGraphs
+from .graphs import VerificationGraphs, linear_forms
 from .scheduler import pad_length
 
 logger = logging.get_logger(__name__)
@@ -98,21 +100,22 @@ class StaticVerifier:
         (graphs.py), the others check that it serves them."""
         done = self.model.__dict__.setdefault("_dspark_compiled_lengths", set())
         form = self.forms is not None
-        todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache), form) not in done]
-        if not todo:
-            return
         installed = form and self.forms.installed
         if form:
             self.forms.install()
         try:
-            self._compile(todo, done, form)
+            # the products installed now, by the call's forms or by a caller (the profile's A/B): each is a graph
+            products = tuple(linear_forms(self.model))
+            todo = [L for L in LENGTHS if 1 < L <= padded(longest) and (L, id(self.cache), products) not in done]
+            if todo:
+                self._compile(todo, done, products)
         finally:
             if form and not installed:
                 self.forms.remove()
 
-    def _compile(self, todo: list[int], done: set, form: bool) -> None:
+    def _compile(self, todo: list[int], done: set, products: tuple) -> None:
         """Run the lengths `todo` once each (loading or compiling the graph) and mark them done for this cache and
-        form."""
+        these products."""
         filled = self.cache.get_seq_length()
         for L in todo:
             tokens = torch.zeros((1, L), dtype=torch.long, device=self.model.device)
@@ -127,7 +130,7 @@ class StaticVerifier:
                                "eagerly instead (same output, the eager loop's speed)")
                 return
             self.cache.crop(-L)
-            done.add((L, id(self.cache), form))
+            done.add((L, id(self.cache), products))
 
     def prefill(self, input_ids: torch.Tensor):
         out = self._run(self.model.forward, input_ids)
@@ -226,10 +229,15 @@ def _static_cache(model, length: int, reset: bool = True) -> StaticCache:
     return cache
 
 
+# model → {most: its VerificationGraphs}. Not in the model's __dict__: tracing another graph pickles the model (an
+# input), and a compiled graph in its attributes cannot be pickled.
+_GRAPHS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _compiled_forward(model, most: int) -> VerificationGraphs:
-    """The model's compiled verification forward for 2..`most` tokens (kept on the model with the graphs it loaded
-    or compiled; `most` is a graph's limit: weight-major products branch on it, linears.py)."""
-    kept = model.__dict__.setdefault("_dspark_compiled_forward", {})
+    """The model's compiled verification forward for 2..`most` tokens (kept for the model's lifetime with the graphs
+    it loaded or compiled; `most` is a graph's limit: weight-major products branch on it, linears.py)."""
+    kept = _GRAPHS.setdefault(model, {})
     if most not in kept:
         kept[most] = VerificationGraphs(model, most, WINDOW_STEP)
     return kept[most]

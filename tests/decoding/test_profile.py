@@ -275,3 +275,23 @@ def test_time_drafter_times_a_round_with_its_defaults(pair):
     _, drafter = pair
     t = prof.time_drafter(drafter, 3, cache_len=16, warmup=1, repeats=3)
     assert 0 < t < 5
+
+
+def test_prepare_compiles_a_graph_per_product_form_in_one_process_and_sets_the_default_loop_up(pair, tmp_path):
+    """The setup a machine runs once, with real compiles from an empty folder: the compiled loop's A/B traces one
+    graph per product form on the same model in one process (a second trace pickles the model: the first graph
+    must not be reachable from it), both are saved, no failure is recorded, and the default loop then runs
+    DSpark's compiled loop, greedy equal to plain."""
+    from hf_dspark import DecodingOptions, prepare
+    from tests.helpers import PROMPT
+
+    model, drafter = pair
+    profile = prepare(model, drafter)
+    assert profile.key.loop == "compiled" and set(profile.linear_ab) == {"stock", "weight_major"}
+    assert "_dspark_compile_error" not in model.__dict__
+    assert len(list((tmp_path / "graphs").glob("*.pt2"))) == 2 and not list((tmp_path / "graphs").glob("*.failed"))
+    assert DecodingOptions().concrete(model, drafter).loop == "compiled"
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=16)
+    out = model.generate(PROMPT, do_sample=False, max_new_tokens=16, assistant_model=drafter)
+    assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "compiled"
+    assert prepare(model, drafter) == profile  # set up: read back, not measured again
