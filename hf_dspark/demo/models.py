@@ -187,6 +187,7 @@ def use_loop(models: DemoModels, loop: str, positions: int) -> None:
             "compiled": "DSpark's own, on a static KV cache, its verification compiled"}
     ran = ", ".join(f"{r} ({what[r]})" for r in sorted(runs))
     if loop == "auto":
-        ran = f"auto: {ran}" + ("; `hf-dspark profile` sets up the faster compiled loop once per machine"
-                                if runs == {"assisted"} else "")
+        ran = f"auto: {ran}" + ("; DSpark's compiled loop is faster once set up on this machine (minutes, once): "
+                                "`hf-dspark profile --dtype float32` for the embedded target (the demo runs float32), "
+                                "hf_dspark.prepare(model, drafter) for others" if runs == {"assisted"} else "")
     models.info.append(f"decoding loop: {ran}")

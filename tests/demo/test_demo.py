@@ -238,3 +238,33 @@ def test_use_loop_puts_every_drafter_on_the_loop_with_one_cache_for_the_longest_
     monkeypatch.setenv("HF_DSPARK_LOOP", "fast")
     with pytest.raises(SystemExit):
         parse_app_args(["--tiny"])
+
+
+def test_the_demo_s_default_loop_is_the_library_s_auto(tmp_path, monkeypatch):
+    """`hf-dspark demo` with no --loop: the assisted loop, no cache reserved, and the page says how to set up the
+    compiled loop; once its profile is saved here, the compiled loop (its forward a stand-in), a cache reserved,
+    and the race runs on it, greedy-identical to plain."""
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.cli.demo import parse_app_args
+    from hf_dspark.decoding import loop
+    from hf_dspark.decoding.profile import DeviceProfile, profile_key, profile_path
+    from hf_dspark.demo.models import DemoModels, tiny_target, use_loop
+
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_DSPARK_LOOP", raising=False)
+    monkeypatch.setattr(loop, "_compiled_forward", lambda m, most: m.forward)
+    assert parse_app_args(["--tiny"]).loop == "auto"
+    t = tiny_target(40)
+    d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
+    models = DemoModels(t, None, {"Markov": d, "none": None}, "tiny")
+    use_loop(models, "auto", 100)
+    assert d.options.loop == "auto" and "_dspark_static_cache" not in t.__dict__
+    assert "decoding loop: auto: assisted" in models.info[-1] and "hf-dspark profile --dtype float32" in models.info[-1]
+    key = profile_key(t, d, "compiled")
+    DeviceProfile(key, verify_time=[1.0] * 8, draft_time=0.1, rollback_time=0.0, cache_len=8, warmup=0,
+                  repeats=1).save(profile_path(key))
+    use_loop(models, "auto", 100)
+    assert models.info[-1].startswith("decoding loop: auto: compiled") and "_dspark_static_cache" in t.__dict__
+    ids = torch.tensor([[5, 6, 7, 8]])
+    dspark, plain = race(t, {"input_ids": ids}, {"max_new_tokens": 12, "do_sample": False}, d, "all", ngram=False)
+    assert dspark.error is None and torch.equal(dspark.output, plain.output) and dspark.stats.loop == "compiled"
