@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_profile(args) -> int:
-    from ..decoding.profile import format_profile, load_profile, measure_profile, profile_key, profile_path
+    from ..decoding.profile import format_profile, load_profile, measure_profile, prepare, profile_key, profile_path
     from ..io.loading import load_target_and_drafter
 
     common.set_threads(args)
@@ -38,9 +38,12 @@ def cmd_profile(args) -> int:
         profile = cached
         print(f"cached profile {path} (use --force to re-measure)")
     else:
-        profile = measure_profile(model, drafter, cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats,
-                                  loop=args.loop)
-        profile.save(path)
+        timing = dict(cache_len=args.cache_len, warmup=args.warmup, repeats=args.repeats)
+        if args.loop == "compiled":  # the setup of the default loop: refuses a target it cannot run, by name
+            profile = prepare(model, drafter, force=True, **timing)
+        else:
+            profile = measure_profile(model, drafter, loop=args.loop, **timing)
+            profile.save(path)
         print(f"saved {path}")
     if args.output:
         profile.save(args.output)

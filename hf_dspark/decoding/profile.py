@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationConfig
 from transformers.utils import logging
 
 from ..storage import storage_dir, write_atomic
 from .linears import LINEARS, WeightMajorLinears, round_linears
-from .loop import StaticVerifier
+from .loop import StaticVerifier, unsupported
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -236,14 +236,20 @@ def get_profile(target, drafter, measure: bool = True, loop: str = "assisted", *
     return profile
 
 
-def prepare(target, drafter, force: bool = False) -> DeviceProfile:
+def prepare(target, drafter, force: bool = False, **measure_kwargs) -> DeviceProfile:
     """Set this machine up for `target` verified with `drafter` (once per target, drafter shape, dtype, device and
     thread count; minutes on a CPU): compile DSpark's loop, save its graph and measure its device profile. From then
     on the default loop ("auto", options.py) runs the compiled loop here. force: measure again. Raises where the
-    loop cannot compile (the defaults then stay on transformers' assisted loop)."""
+    loop cannot take the target or cannot compile (the defaults then stay on transformers' assisted loop).
+    measure_kwargs: measure_profile's (cache_len, warmup, repeats)."""
+    why = unsupported(target, torch.zeros((1, 1), dtype=torch.long, device=target.device),
+                      GenerationConfig(max_length=256), {}, drafter.config.block_size)
+    if why is not None:
+        raise ValueError(f"DSpark's compiled loop cannot run this target ({why}); the defaults keep transformers' "
+                         "assisted loop for it")
     path = profile_path(profile_key(target, drafter, "compiled"))
     if force or not path.exists():
-        measure_profile(target, drafter, loop="compiled").save(path)
+        measure_profile(target, drafter, loop="compiled", **measure_kwargs).save(path)
     return get_profile(target, drafter, measure=False, loop="compiled")
 
 

@@ -295,3 +295,13 @@ def test_prepare_compiles_a_graph_per_product_form_in_one_process_and_sets_the_d
     out = model.generate(PROMPT, do_sample=False, max_new_tokens=16, assistant_model=drafter)
     assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "compiled"
     assert prepare(model, drafter) == profile  # set up: read back, not measured again
+
+
+def test_prepare_refuses_by_name_a_target_the_compiled_loop_cannot_run():
+    """A static cache with sliding-window layers shorter than it cannot be rolled back: no setup, a one-line reason,
+    nothing saved (the defaults keep the assisted loop)."""
+    model = arch_matrix.build("mistral")  # sliding window 16
+    drafter = DSparkDrafter.from_target(model, block_size=4, num_hidden_layers=1, markov_rank=8)
+    with pytest.raises(ValueError, match="compiled loop cannot run this target.*sliding window"):
+        prof.prepare(model, drafter)
+    assert not list(prof.storage_dir().glob("profiles/*.json"))
