@@ -48,7 +48,7 @@ class DecodingOptions:
     def concrete(self, target, drafter) -> "DecodingOptions":
         """These options with loop "auto" made concrete for `target` verified with `drafter`: the loop of the
         device_profile given, else "compiled" where its device profile is saved on this machine (measuring it
-        compiled and saved the loop's graph: `hf-dspark profile`, or get_profile(..., loop="compiled")), else
+        compiled and saved the loop's graph: hf_dspark.prepare(target, drafter), `hf-dspark profile`), else
         "assisted". Every loop gives the same greedy tokens and samples the same law; a seed's samples depend on
         the loop, so a sampled call that must repeat across machines names its loop."""
         if self.loop != "auto":

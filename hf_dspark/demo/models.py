@@ -180,7 +180,7 @@ def use_loop(models: DemoModels, loop: str, positions: int) -> None:
     drafters = [d for d in models.drafters.values() if d is not None]
     for d in drafters:
         d.options = dataclasses.replace(d.options, loop=loop)
-    runs = {d.options.concrete(models.target, d).loop for d in drafters} or {loop}
+    runs = {d.options.concrete(models.target, d).loop for d in drafters} or {"assisted" if loop == "auto" else loop}
     if runs != {"assisted"}:
         reserve(models.target, positions)
     what = {"assisted": "transformers' assisted loop", "static": "DSpark's own, on a static KV cache",
