@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def storage_dir() -> Path:
-    """Where converted models and device profiles live (`$HF_DSPARK_CACHE`, else ~/.cache/hf_dspark)."""
+    """Where converted models, device profiles and compiled graphs live (`$HF_DSPARK_CACHE`, else ~/.cache/hf_dspark)."""
     root = os.environ.get("HF_DSPARK_CACHE") or Path.home() / ".cache" / "hf_dspark"
     return Path(root)
 

@@ -3,8 +3,8 @@
 `torch.compile` traces the target's forward again in every process: about 30 s for SmolLM2-135M on a CPU even with
 its kernels cached, two to three minutes the first time. Here the forward is compiled ahead of time (torch's AOT
 precompile, `aot_compile`) into one graph whose token count, attended window (loop.WindowedLayer) and cache size are
-symbolic, saved under the storage folder (`graphs/`), and loaded by later processes instead of traced: 3 s for
-SmolLM2-135M on a Zen 1 EPYC (research/record/benchmarks.md).
+symbolic, saved under the storage folder (`graphs/`, inductor's kernels for it in `inductor/`), and loaded by later
+processes instead of traced: 3 s for SmolLM2-135M on a Zen 1 EPYC (research/record/benchmarks.md).
 
 A saved graph keeps only its tensor guards (shapes, dtypes, strides; torch.compiler.keep_portable_guards_unsafe), so
 everything else it was traced under is in its key (`graph_key`), and a graph is loaded only for that setup: the
@@ -113,6 +113,15 @@ def _windowed(layer) -> bool:
     return hasattr(type(layer), "window")
 
 
+def _kernels():
+    """A context in which inductor keeps its files (the kernels a graph's load builds or finds) beside the graphs,
+    not in its default temporary folder: a wiped temporary folder (a reboot) would make the next load rebuild them
+    (24 s instead of 3 s for SmolLM2 on a Zen 1 EPYC)."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    return temporary_cache_dir(str(storage_dir() / "inductor"))
+
+
 def graph_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return storage_dir() / "graphs" / f"{key['config'].get('model_type', 'model')}-{digest}.pt2"
@@ -142,12 +151,13 @@ class VerificationGraphs:
                 repr(output_hidden_states), torch.get_num_threads(), self.model.dtype, self.model.device, forms)
         graph = self.seen.get(seen)
         if graph is None:
-            key = graph_key(self.model, cache, output_hidden_states, self.max_tokens)
-            path = graph_path(key)
-            graph = self.graphs.get(path)
-            if graph is None:
-                graph = self.graphs[path] = self._load(path) or self._compile(path, key, tokens, cache,
-                                                                              output_hidden_states)
+            with _kernels():  # the key's vector-ISA probe builds a kernel too
+                key = graph_key(self.model, cache, output_hidden_states, self.max_tokens)
+                path = graph_path(key)
+                graph = self.graphs.get(path)
+                if graph is None:
+                    graph = self.graphs[path] = self._load(path) or self._compile(path, key, tokens, cache,
+                                                                                  output_hidden_states)
             self.seen[seen] = graph
         logits, hidden = graph(self.model, tokens, cache, output_hidden_states)
         return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)

@@ -84,7 +84,8 @@ def test_compiled_verification_equals_plain_with_one_graph_saved_and_loaded(tmp_
     """Verifications of 2, 4 and 8 tokens over windows of 64, 128 and 192 cache positions run one graph (length and
     window are symbolic), compiled once (over a corrupt file, which is overwritten) and saved; a later model of the
     same config loads it from disk instead of compiling, and runs its own weights through it (weights are inputs),
-    on a longer cache too (the cache size is symbolic)."""
+    on a longer cache too (the cache size is symbolic). inductor's kernels are kept beside the graph (a reboot that
+    empties the temporary folder would rebuild them at the next load)."""
     from torch._dynamo.utils import counters
 
     from hf_dspark.decoding import graphs
@@ -114,6 +115,7 @@ def test_compiled_verification_equals_plain_with_one_graph_saved_and_loaded(tmp_
     assert out.tolist() == plain.tolist() and not drafter.last_stats.fallback
     assert {key[0] for key in model.__dict__["_dspark_compiled_lengths"]} == {2, 4, 8}
     assert counters["stats"]["unique_graphs"] - before == 1 and compiles == [1] and len(keys) == 1
+    assert list((tmp_path / "inductor").rglob("*.so"))  # its kernels beside it, not in a temporary folder
     assert sum(r.verified > 0 for r in drafter.last_stats.rounds) > 20
     assert "could not load the compiled graph" in caplog.text
     for seed in (0, 1):  # a new process's model, then another checkpoint of the same config
