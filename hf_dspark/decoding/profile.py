@@ -239,8 +239,8 @@ def get_profile(target, drafter, measure: bool = True, loop: str = "assisted", *
 def prepare(target, drafter, force: bool = False, **measure_kwargs) -> DeviceProfile:
     """Set this machine up for `target` verified with `drafter` (once per target, drafter shape, dtype, device and
     thread count; minutes on a CPU): compile DSpark's loop, save its graph and measure its device profile. From then
-    on the default loop ("auto", options.py) runs the compiled loop here. force: measure again. Raises where the
-    loop cannot take the target or cannot compile (the defaults then stay on transformers' assisted loop).
+    on the default loop ("auto", options.py) runs the compiled loop here. force: measure again. Raises ValueError
+    (a refusal, by name) where the loop cannot take the target or cannot compile here (the defaults then stay on transformers' assisted loop).
     measure_kwargs: measure_profile's (cache_len, warmup, repeats)."""
     why = unsupported(target, torch.zeros((1, 1), dtype=torch.long, device=target.device),
                       GenerationConfig(max_length=256), {}, drafter.config.block_size)
@@ -321,7 +321,7 @@ def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeat
     prefill(ids(cache_len))
     prefill_time = clock.now() - t0
     if loop == "compiled" and not verifier.compiled:  # its forwards would be eager: not the compiled loop's curve
-        raise RuntimeError(f"the compiled loop cannot compile this target here ({target._dspark_compile_error}); "
+        raise ValueError(f"the compiled loop cannot compile this target here ({target._dspark_compile_error}); "
                            "use loop='assisted' or 'static'")
     times = ForwardTimes(prefill=prefill_time, forward={k: [] for k in lengths}, rollback=[])
     for rep in range(warmup + repeats):

@@ -192,9 +192,33 @@ def test_a_compiled_profile_is_refused_where_the_loop_cannot_compile(pair, monke
             raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", FailingCompile)
-    with pytest.raises(RuntimeError, match="cannot compile this target here.*InvalidCxxCompiler"):
+    with pytest.raises(ValueError, match="cannot compile this target here.*InvalidCxxCompiler"):
         get_profile(model, drafter, loop="compiled", cache_len=8, warmup=0, repeats=1)
     assert not list(prof.storage_dir().glob("profiles/*.json"))
+
+
+def test_cli_profile_says_in_one_line_that_this_machine_cannot_compile(tmp_path, capsys, char_tokenizer,
+                                                                      monkeypatch):
+    """A machine without a C++ compiler is a condition to report, not a crash: one line, exit code 2, no profile."""
+    from hf_dspark import cli
+
+    class FailingCompile:
+        def __init__(self, fn, **kwargs):
+            pass
+
+        def aot_compile(self, example_inputs):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", FailingCompile)
+    tiny_target().save_pretrained(tmp_path / "tiny")
+    char_tokenizer.save_pretrained(tmp_path / "tiny")
+    argv = ["profile", "--target", str(tmp_path / "tiny"), "--device", "cpu", "--cache-len", "8", "--warmup", "0",
+            "--repeats", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hf-dspark profile: error: the compiled loop cannot compile this target here")
+    assert "Traceback" not in "\n".join(err) and "InvalidCxxCompiler" in err[-1]
+    assert not [p for p in prof.storage_dir().glob("profiles/*.json") if not p.name.startswith("decode-dtype-")]
 
 
 def test_pruned_draft_vocabulary_is_timed_and_keyed(pair):
