@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.decoding.options import DecodingOptions
-from hf_dspark.decoding.profile import cpu_info
+from hf_dspark.decoding.machine import cpu_info
 from hf_dspark.eval.bench import load_prompts
 from hf_dspark.io.prompts import chat_inputs
 from hf_dspark.eval.replay import slot_scores, walk

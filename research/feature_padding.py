@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from hf_dspark.decoding.profile import cpu_info
+from hf_dspark.decoding.machine import cpu_info
 from hf_dspark.io.loading import load_default_target
 from hf_dspark.training.features import FeatureSource, target_features
 from hf_dspark.training.plan import collate, load_records

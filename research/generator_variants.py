@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from hf_dspark.decoding.profile import cpu_info
+from hf_dspark.decoding.machine import cpu_info
 from hf_dspark.io.loading import load_target
 from hf_dspark.io.prompts import chat_ids
 from hf_dspark.training.data import eos_ids, plan

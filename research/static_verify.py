@@ -41,7 +41,7 @@ def main():
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from hf_dspark.decoding.profile import cpu_info
+    from hf_dspark.decoding.machine import cpu_info
     from hf_dspark.io.loading import load_default_target
 
     model, _ = load_default_target(getattr(torch, a.dtype))

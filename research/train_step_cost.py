@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from hf_dspark.decoding.profile import cpu_info
+from hf_dspark.decoding.machine import cpu_info
 from hf_dspark.io.loading import load_default_target
 from hf_dspark.training.anchors import sample_blocks
 from hf_dspark.training.features import FeatureSource

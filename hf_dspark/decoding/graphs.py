@@ -32,6 +32,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import logging
 
 from ..storage import storage_dir, write_atomic
+from .machine import cpu_identity
 
 logger = logging.get_logger(__name__)
 
@@ -68,13 +69,19 @@ def linear_forms(model: nn.Module) -> list[str]:
     return ["stock" if f is None else f"{f.__qualname__}:{getattr(f, 'max_rows', '')}" for f in forms]
 
 
-def _cpu() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-    except OSError:
-        lines = []
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    return " | ".join(fields.get(k, "").strip() for k in ("model name", "cpu family", "model", "flags"))
+def graph_setup() -> dict:
+    """What every saved graph of this machine and install depends on besides the model and the call: the graph
+    format, the CPU its kernels were built for (cpu_identity: every ISA flag), the machine and the library versions.
+    A compiled profile's key holds its digest (profile.profile_key), so that a new version or another CPU sharing
+    the storage folder is a machine not yet set up rather than one whose next call compiles."""
+    return {
+        "version": GRAPH_VERSION,
+        "cpu": cpu_identity(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_dspark": sys.modules["hf_dspark"].__version__,
+    }
 
 
 def graph_key(model, cache, taps, max_tokens: int) -> dict:
@@ -87,19 +94,14 @@ def graph_key(model, cache, taps, max_tokens: int) -> dict:
         config.pop(k, None)
     device = torch.device(model.device)
     return {
-        "version": GRAPH_VERSION,
+        **graph_setup(),
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "config": config,
         "attention": getattr(model.config, "_attn_implementation", None),
         "dtype": str(model.dtype),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-        "cpu": _cpu(),
         "isa": str(pick_vec_isa()) if device.type == "cpu" else "",
-        "machine": platform.machine(),
         "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "hf_dspark": sys.modules["hf_dspark"].__version__,
         "cache": [(type(layer).__name__, None if _windowed(layer) else getattr(layer, "max_cache_len", None))
                   for layer in cache.layers],
         "taps": taps if isinstance(taps, (bool, type(None))) else list(taps),

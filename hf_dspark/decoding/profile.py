@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import platform
 import random
 import re
 import statistics
@@ -38,8 +37,10 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.utils import logging
 
 from ..storage import storage_dir, write_atomic
+from .graphs import graph_setup
 from .linears import LINEARS, WeightMajorLinears, round_linears
 from .loop import StaticVerifier, unsupported
+from .machine import device_name
 from .scheduler import max_verified, monotone_envelope, pad_length, single_stream_length
 
 
@@ -57,14 +58,17 @@ class ProfileKey:
     device: str  # device_name(): CPU model, vendor/family/model, ISA flags, threads; or the GPU name
     torch: str
     loop: str = "assisted"  # the decoding loop measured (DecodingOptions.loop): "assisted", "static" or "compiled"
+    # the compiled loop: a digest of graphs.graph_setup() (its graphs' CPU, versions, format), so that a profile whose
+    # graphs this install cannot load is not found and loop "auto" does not choose a loop that would compile in a call
+    graphs: str = ""
     # what a profile measures: 2 adds the linear A/B, 3 the drafter's round to it and greedy and sampled rounds,
     # 4 the A/B on the compiled loop too; a profile of an earlier version is measured again
     version: int = 4
 
     def slug(self) -> str:
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.model).name or "model")[:40]
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
-        return f"{name}-{self.dtype}-{digest}"
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "graphs" or v}  # older names stay
+        return f"{name}-{self.dtype}-{_digest(fields)[:12]}"
 
 
 @dataclass
@@ -119,58 +123,8 @@ class DeviceProfile:
 
 
 # ---- keys ------------------------------------------------------------------------------------------------------
-# The ISA features that change what a forward costs: native bf16 dot products (avx512_bf16), AMX tiles, AVX-512,
-# AVX2. Two CPUs sold under one name ("AMD EPYC") can differ in exactly these (a Zen 3 has no AVX-512).
-CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
-
-
-def _read_cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-
-
-def cpu_info(cpuinfo: str | None = None) -> dict:
-    """What the CPU is, from /proc/cpuinfo (or the text given, for tests): {"name", "vendor", "family", "model",
-    "flags"} with flags the sorted subset of CPU_FLAGS present. Fields missing from the text are ""."""
-    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor's block describes the CPU (all cores are one model here)
-            continue
-        k, _, v = line.partition(":")
-        fields.setdefault(k.strip(), v.strip())
-    flags = set(fields.get("flags", fields.get("Features", "")).split())
-    return {
-        "name": fields.get("model name", "") or platform.processor() or platform.machine(),
-        "vendor": fields.get("vendor_id", ""),
-        "family": fields.get("cpu family", ""),
-        "model": fields.get("model", ""),
-        "flags": sorted(f for f in CPU_FLAGS if f in flags),
-    }
-
-
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX): only there is bf16 faster than float32."""
-    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info(cpuinfo)["flags"]))
-
-
-def device_name(device: torch.device | str, cpuinfo: str | None = None) -> str:
-    """GPU name, or the CPU's model string, vendor/family/model, the ISA flags that matter (CPU_FLAGS) and torch's
-    thread count: everything a CPU timing depends on besides the model, dtype and torch."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type != "cpu":
-        return device.type
-    c = cpu_info(cpuinfo)
-    ident = " ".join(x for x in (c["vendor"], c["family"] and f"family {c['family']}",
-                                 c["model"] and f"model {c['model']}") if x)
-    flags = " ".join(c["flags"]) or "no avx2"
-    return f"{c['name']} [{ident + '; ' if ident else ''}{flags}] ({torch.get_num_threads()} threads)"
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _config_dict(config, drop=()) -> dict:
@@ -186,7 +140,7 @@ def make_key(config, device: torch.device | str, dtype: str, drafter_config=None
     shapes = {"target": _config_dict(config)}
     if drafter_config is not None:
         shapes["drafter"] = _config_dict(drafter_config, drop=("confidence_temperatures", "calibration"))
-    digest = hashlib.sha256(json.dumps(shapes, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    digest = _digest(shapes)[:16]
     name = getattr(config, "_name_or_path", "") or config.model_type
     return ProfileKey(model=str(name), config_hash=digest, dtype=dtype, device=device_name(device),
                       torch=torch.__version__)
@@ -195,7 +149,8 @@ def make_key(config, device: torch.device | str, dtype: str, drafter_config=None
 def profile_key(target, drafter, loop: str = "assisted") -> ProfileKey:
     """The key of `target` verified with `drafter` on the target's device and dtype, on decoding loop `loop`."""
     key = make_key(target.config, target.device, str(target.dtype).removeprefix("torch."), drafter.config)
-    return dataclasses.replace(key, loop=loop)
+    graphs = _digest(graph_setup())[:12] if loop == "compiled" else ""
+    return dataclasses.replace(key, loop=loop, graphs=graphs)
 
 
 def profile_path(key: ProfileKey, kind: str = "") -> Path:

@@ -27,8 +27,9 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..decoding.loop import reserve
+from ..decoding.machine import cpu_info
 from ..decoding.options import DecodingOptions
-from ..decoding.profile import cpu_info, get_profile
+from ..decoding.profile import get_profile
 from ..decoding.stats import DSparkStats, Round
 from ..io.prompts import chat_inputs, read_prompts
 from ..training.data import is_holdout

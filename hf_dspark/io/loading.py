@@ -22,7 +22,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
 from ..storage import storage_dir, write_atomic
-from ..decoding.profile import cpu_has_native_bf16, make_key, profile_path, time_forwards
+from ..decoding.machine import cpu_has_native_bf16
+from ..decoding.profile import make_key, profile_path, time_forwards
 from ..decoding.routing import enable
 from ..decoding.assistant import DSparkDrafter
 

@@ -4,11 +4,12 @@ with everything else it was traced under, and only with that (loading and compil
 import torch
 from transformers import LlamaForCausalLM
 
-from hf_dspark.decoding import loop
+from hf_dspark.decoding import loop, machine
 from hf_dspark.decoding.graphs import VerificationGraphs, graph_key, graph_path, linear_forms, plain_class
 from hf_dspark.decoding.linears import WeightMajorLinears
 from hf_dspark.decoding.routing import enable
 from tests.conftest import tiny_target
+from tests.decoding.test_machine import ZEN4
 
 
 def _path(model, length=100, taps=(1, 3)):
@@ -38,6 +39,16 @@ def test_the_key_changes_with_what_a_graph_was_traced_under():
     assert _path(other) != base  # a constant of the config
     assert _path(tiny_target().to(torch.bfloat16)) != base
     assert _path(tiny_target("qwen3")) != base
+
+
+def test_a_graph_built_on_another_cpu_of_the_same_name_is_another_graph(monkeypatch):
+    """inductor builds a graph's kernels for the CPU it runs on: one more ISA flag is another graph."""
+    model, paths = tiny_target(), []
+    for text in (ZEN4, ZEN4.replace("avx2 fma", "avx2 gfni fma")):
+        monkeypatch.setattr(machine, "read_cpuinfo", lambda text=text: text)
+        paths.append(_path(model))
+    assert paths[0] != paths[1]
+    assert graph_key(model, loop._static_cache(model, 8), None, 8)["cpu"].startswith("AMD EPYC | AuthenticAMD")
 
 
 def test_forms_and_the_class_a_graph_records():

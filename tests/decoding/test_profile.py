@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_dspark import DSparkDrafter
+from hf_dspark.decoding import machine
 from hf_dspark.decoding import profile as prof
 from hf_dspark.decoding.profile import (
     DeviceProfile,
@@ -20,6 +21,7 @@ from hf_dspark.decoding.profile import (
 from hf_dspark.decoding.scheduler import max_verified
 from tests import arch_matrix
 from tests.conftest import tiny_target
+from tests.decoding.test_machine import ZEN3, ZEN4
 
 
 @pytest.fixture
@@ -229,42 +231,13 @@ def test_pruned_draft_vocabulary_is_timed_and_keyed(pair):
     assert measure_profile(model, drafter, cache_len=8, warmup=0, repeats=1).draft_time > 0
 
 
-ZEN3 = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 1
-model name\t: AMD EPYC
-flags\t\t: fpu sse sse2 avx avx2 fma
-
-processor\t: 1
-vendor_id\t: AuthenticAMD
-"""
-ZEN4 = ZEN3.replace("cpu family\t: 25", "cpu family\t: 25").replace("model\t\t: 1", "model\t\t: 17").replace(
-    "avx2 fma", "avx2 fma avx512f avx512bw avx512_bf16")
-SAPPHIRE = """vendor_id\t: GenuineIntel
-cpu family\t: 6
-model\t\t: 143
-model name\t: Intel(R) Xeon(R) Platinum 8480+
-flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
-"""
-
-
 def test_cpus_sharing_a_name_never_share_a_profile(pair, monkeypatch):
-    """Two "AMD EPYC"s, one without AVX-512 (Zen 3), one with avx512_bf16 (Zen 4): different device keys."""
-    assert prof.cpu_info(ZEN3) == {"name": "AMD EPYC", "vendor": "AuthenticAMD", "family": "25", "model": "1",
-                                   "flags": ["avx2"]}
-    assert prof.cpu_info(ZEN4)["flags"] == ["avx2", "avx512_bf16", "avx512f"]
-    assert prof.cpu_info(SAPPHIRE)["flags"] == ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"]
-    assert not prof.cpu_has_native_bf16(ZEN3)
-    assert prof.cpu_has_native_bf16(ZEN4) and prof.cpu_has_native_bf16(SAPPHIRE)
-    assert not prof.cpu_has_native_bf16("")  # nothing known: not native
-    names = {prof.device_name("cpu", text) for text in (ZEN3, ZEN4, SAPPHIRE)}
-    assert len(names) == 3 and all(n.startswith(("AMD EPYC [", "Intel(R)")) for n in names)
-    assert "family 25 model 1; avx2]" in prof.device_name("cpu", ZEN3)
+    """Two "AMD EPYC"s, one without AVX-512 (Zen 3), one with avx512_bf16 (Zen 4): different device keys
+    (what the CPU is: tests/decoding/test_machine.py)."""
     model, drafter = pair
     keys = []
     for text in (ZEN3, ZEN4):
-        monkeypatch.setattr(prof, "_read_cpuinfo", lambda text=text: text)
+        monkeypatch.setattr(machine, "read_cpuinfo", lambda text=text: text)
         keys.append(profile_key(model, drafter))
     assert keys[0] != keys[1] and keys[0].slug() != keys[1].slug()
     assert prof.profile_path(keys[0]) != prof.profile_path(keys[1])
@@ -274,17 +247,6 @@ def test_cpus_sharing_a_name_never_share_a_profile(pair, monkeypatch):
     path = p.save()
     with pytest.raises(ProfileMismatchError, match="device"):
         load_profile(path, expect=keys[1])
-
-
-def test_thread_count_is_part_of_the_key():
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = prof.device_name("cpu", ZEN4)
-        torch.set_num_threads(2)
-        assert prof.device_name("cpu", ZEN4) != one
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_scheduler_profile_on_a_sliding_window_target_past_its_window():
