@@ -277,7 +277,7 @@ def time_forwards(target, lengths, cache_len: int = 256, warmup: int = 3, repeat
     prefill_time = clock.now() - t0
     if loop == "compiled" and not verifier.compiled:  # its forwards would be eager: not the compiled loop's curve
         raise ValueError(f"the compiled loop cannot compile this target here ({target._dspark_compile_error}); "
-                           "use loop='assisted' or 'static'")
+                         "use loop='assisted' or 'static'")
     times = ForwardTimes(prefill=prefill_time, forward={k: [] for k in lengths}, rollback=[])
     for rep in range(warmup + repeats):
         order = list(lengths)
