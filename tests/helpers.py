@@ -89,8 +89,8 @@ def assert_identical(model, drafter, oracle=True, **gen):
     return plain
 
 
-def synthetic_profile(model, drafter, verify_time) -> DeviceProfile:
-    return DeviceProfile(key=profile_key(model, drafter), verify_time=list(verify_time), draft_time=0.0,
+def synthetic_profile(model, drafter, verify_time, loop: str = "assisted") -> DeviceProfile:
+    return DeviceProfile(key=profile_key(model, drafter, loop), verify_time=list(verify_time), draft_time=0.0,
                          rollback_time=0.0, cache_len=0, warmup=0, repeats=0)
 
 

@@ -355,15 +355,21 @@ def choose_linear(target, drafter, weights, gamma: int, cache_len: int, seed: in
     """A/B of a round's products, stock and weight-major: the target's verification forwards (2, the middle and
     γ + 1 tokens) and a greedy drafter round of γ drafts → (the faster, {form: {tokens: median s, "draft": median s}}).
     Each verification counts with one drafter round; weight-major must take under LINEAR_GAIN of stock's total.
-    On the compiled loop each form's graphs are compiled with it installed (in the untimed warm-up)."""
+    The forms alternate (`repeats` rounds of both, in turn first), so a slow stretch of a shared machine weighs on
+    both rather than deciding the choice. On the compiled loop each form's graphs are compiled with it installed
+    (in the first untimed warm-up)."""
     lengths = sorted({2, gamma // 2 + 1, gamma + 1})
-    medians = {}
-    for form in LINEARS:
-        with round_forms(target, drafter, weights, form):
-            forward = time_forwards(target, lengths, cache_len, warmup=1, repeats=repeats, seed=seed, taps=taps,
-                                    loop=loop).forward
-            draft = time_drafter(drafter, gamma, cache_len, warmup=2, repeats=3 * repeats, weights=weights)
-        medians[form] = {**{str(k): statistics.median(v) for k, v in forward.items()}, "draft": draft}
+    times = {form: {**{str(k): [] for k in lengths}, "draft": []} for form in LINEARS}
+    for rep in range(repeats):
+        for form in LINEARS[::-1] if rep % 2 else LINEARS:
+            with round_forms(target, drafter, weights, form):
+                forward = time_forwards(target, lengths, cache_len, warmup=1, repeats=1, seed=seed + rep, taps=taps,
+                                        loop=loop).forward
+                times[form]["draft"].append(time_drafter(drafter, gamma, cache_len, warmup=2, repeats=3,
+                                                         weights=weights))
+            for k, v in forward.items():
+                times[form][str(k)] += v
+    medians = {form: {k: statistics.median(v) for k, v in t.items()} for form, t in times.items()}
     total = {form: sum(m[str(k)] + m["draft"] for k in lengths) for form, m in medians.items()}
     return ("weight_major" if total["weight_major"] < LINEAR_GAIN * total["stock"] else "stock"), medians
 

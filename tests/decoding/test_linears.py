@@ -97,9 +97,8 @@ def weight_major_drafter(model, loop="assisted", vocab=None):
     if vocab is not None:  # a pruned draft vocabulary is part of the drafter's shape: before the profile
         drafter.set_draft_vocab(vocab)
     spread_confidence(drafter)
-    profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15, 1.2]),
+    profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15, 1.2], loop),
                                   linear="weight_major")
-    profile = dataclasses.replace(profile, key=dataclasses.replace(profile.key, loop=loop))
     drafter.options = DecodingOptions("scheduler", ngram_drafts=False, device_profile=profile, loop=loop)
     return drafter
 
@@ -147,8 +146,8 @@ def test_sampling_exact_with_weight_major_verification(loop, monkeypatch):
     monkeypatch.setattr(loop_module, "_compiled_forward", eager_compile)
     model, drafter = setup(head="markov")
     spread_confidence(drafter)
-    profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15]), linear="weight_major")
-    profile = dataclasses.replace(profile, key=dataclasses.replace(profile.key, loop=loop))
+    profile = dataclasses.replace(synthetic_profile(model, drafter, [1.0, 1.05, 1.1, 1.15], loop),
+                                  linear="weight_major")
     drafter.options = DecodingOptions("scheduler", ngram_drafts=False, device_profile=profile, loop=loop)
     exact = exact_distribution(model, SAMPLING_PROMPT, STEPS, processors())
     samples = sample_counts(model, drafter, SAMPLING_PROMPT, STEPS, N, seed=123)
@@ -192,6 +191,26 @@ def test_the_a_b_chooses_by_a_round_s_time(monkeypatch, forwards, drafts, chosen
     for form, f, d in zip(("stock", "weight_major"), forwards, drafts):
         assert medians[form] == {"2": f, "4": f, "8": f, "draft": d}
     assert none_installed(model, drafter)
+
+
+def test_a_slow_stretch_of_the_machine_does_not_decide_the_a_b(monkeypatch):
+    """Stock is faster (1.0 s against 1.2 s), but the machine is busy (3× slower) for the first 12 forwards timed:
+    with one form measured after the other, stock would take all of them and lose; the forms alternate, so the
+    stretch weighs on both and stock is chosen."""
+    model = tiny_target()
+    drafter = drafter_for(model)
+    done = []
+
+    def timed(target, lengths, cache_len, warmup=3, repeats=10, *a, **kw):
+        busy = len(done) < 12
+        done.extend([None] * (warmup + repeats) * len(lengths))
+        t = (1.2 if installed(target.lm_head) else 1.0) * (3.0 if busy else 1.0)
+        return ForwardTimes(prefill=0.0, forward={k: [t] * repeats for k in lengths}, rollback=[0.0])
+
+    monkeypatch.setattr(prof, "time_forwards", timed)
+    monkeypatch.setattr(prof, "time_drafter", fake_drafter(0.0, 0.0))
+    got, medians = choose_linear(model, drafter, drafter.draft_weights(), 7, 32, 0, [1], "assisted")
+    assert got == "stock" and medians["stock"]["2"] == 1.0 and medians["weight_major"]["2"] == 1.2
 
 
 def test_profile_records_its_choice_and_measures_the_curve_with_it(monkeypatch):
