@@ -181,17 +181,20 @@ def test_cli_profile(loop, tmp_path, capsys, char_tokenizer, monkeypatch):
     assert saved.block_size == 7 and saved.key.loop == (loop or "compiled")
 
 
+class FailingCompile:
+    """torch.compile on a machine without a C++ compiler: the trace fails when the graph is built."""
+
+    def __init__(self, fn, **kwargs):
+        pass
+
+    def aot_compile(self, example_inputs):
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+
 def test_a_compiled_profile_is_refused_where_the_loop_cannot_compile(pair, monkeypatch):
     """Its forwards would run eagerly: a profile saved under the compiled loop would time another loop, and loop
     "auto" would then choose the compiled loop here."""
     model, drafter = pair
-
-    class FailingCompile:
-        def __init__(self, fn, **kwargs):
-            pass
-
-        def aot_compile(self, example_inputs):
-            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", FailingCompile)
     with pytest.raises(ValueError, match="cannot compile this target here.*InvalidCxxCompiler"):
@@ -203,13 +206,6 @@ def test_cli_profile_says_in_one_line_that_this_machine_cannot_compile(tmp_path,
                                                                       monkeypatch):
     """A machine without a C++ compiler is a condition to report, not a crash: one line, exit code 2, no profile."""
     from hf_dspark import cli
-
-    class FailingCompile:
-        def __init__(self, fn, **kwargs):
-            pass
-
-        def aot_compile(self, example_inputs):
-            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", FailingCompile)
     tiny_target().save_pretrained(tmp_path / "tiny")
