@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from .profile import DeviceProfile, profile_key, profile_path
+from .profile import DeviceProfile, ProfileMismatchError, get_profile, profile_key, profile_path
 
 LOOPS = ("auto", "assisted", "static", "compiled")  # DecodingOptions.loop
 
@@ -59,6 +59,21 @@ class DecodingOptions:
             compiled = profile_path(profile_key(target, drafter, "compiled")).exists()
             loop = "compiled" if compiled else "assisted"
         return dataclasses.replace(self, loop=loop)
+
+    def profile_for(self, target, drafter, measure: bool = True) -> DeviceProfile:
+        """The device profile a call with these options schedules with: `device_profile` if given (refused with
+        ProfileMismatchError if it was measured for another setup or loop), else the one saved on this machine for
+        the loop the call runs on ("auto" made concrete), measured and saved first if `measure` (else
+        FileNotFoundError)."""
+        options = self.concrete(target, drafter)
+        if options.device_profile is None:
+            return get_profile(target, drafter, measure=measure, loop=options.loop)
+        key = profile_key(target, drafter, options.loop)
+        if options.device_profile.key != key:
+            raise ProfileMismatchError(
+                f"device_profile was measured for {options.device_profile.key}, but this generate runs {key}; "
+                "pass device_profile=None to use (or measure) the profile for this setup")
+        return options.device_profile
 
     @classmethod
     def parse(cls, text: str) -> "DecodingOptions":

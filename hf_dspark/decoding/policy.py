@@ -49,7 +49,7 @@ from typing import Callable
 
 import torch
 
-from .profile import ProfileMismatchError, get_profile, profile_key
+from .options import DecodingOptions
 from .scheduler import (
     DraftGate,
     SurvivalEstimate,
@@ -88,7 +88,7 @@ class VerifyPolicy:
             t = float(spec[1])
             self._length, self.needs_confidence = (lambda conf, n: static_threshold_length(conf, t)), True
         elif isinstance(spec, str) and spec in ("scheduler", "auto"):
-            self.profile = _profile_for(drafter, target, device_profile, loop)
+            self.profile = DecodingOptions(device_profile=device_profile, loop=loop).profile_for(target, drafter)
             sampled = temperature is not None and temperature != 0  # a sampled round also builds and draws from q
             self.overhead = overhead = self.profile.round_overhead_at(sampled)
             reach = max_verified(self.profile.verify_time, overhead)
@@ -182,15 +182,3 @@ class VerifyPolicy:
 
 # drafter → {(target id, policy, profile): the DraftGate its greedy calls share}; dropped with the drafter
 _GREEDY_GATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _profile_for(drafter, target, profile, loop: str):
-    if profile is None:
-        return get_profile(target, drafter, measure=True, loop=loop)
-    key = profile_key(target, drafter, loop)
-    if profile.key != key:
-        raise ProfileMismatchError(
-            f"device_profile was measured for {profile.key}, but this generate runs {key}; "
-            "pass device_profile=None to use (or measure) the profile for this setup"
-        )
-    return profile

@@ -18,7 +18,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import torch
 
-from ..decoding.profile import get_profile
 from . import render as view
 from .models import HEAD_LABELS, load_demo_models, use_loop
 from .session import (
@@ -47,8 +46,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
 
     def profile_for(drafter):  # measured once per drafter (seconds), then cached on disk by decoding/profile.py
         if id(drafter) not in profiles:  # the profile of the loop its calls run on ("auto" resolved)
-            profiles[id(drafter)] = get_profile(target, drafter, measure=True,
-                                                loop=drafter.options.concrete(target, drafter).loop)
+            profiles[id(drafter)] = drafter.options.profile_for(target, drafter)
         return profiles[id(drafter)]
 
     def drafter_for(req: Request):

@@ -29,7 +29,6 @@ from tqdm.auto import tqdm
 from ..decoding.loop import reserve
 from ..decoding.machine import cpu_info
 from ..decoding.options import DecodingOptions
-from ..decoding.profile import get_profile
 from ..decoding.stats import DSparkStats, Round
 from ..io.prompts import chat_inputs, read_prompts
 from ..training.data import is_holdout
@@ -190,7 +189,7 @@ def _profile_used(model, m: Method) -> dict | None:
     """The cached device profile of a DSpark method's drafter and loop (None: none is cached; static lengths and
     "all" do not read it): the curve, the drafter's round and the verification products (decoding/linears.py)."""
     try:
-        p = get_profile(model, m.drafter, measure=False, loop=_loop(model, m))
+        p = dataclasses.replace(m.drafter.options, loop=m.loop).profile_for(model, m.drafter, measure=False)
     except FileNotFoundError:
         return None
     return {"verify_time": p.verify_time, "draft_time": p.draft_time, "sampled_draft_time": p.sampled_draft_time,

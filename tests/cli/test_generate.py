@@ -10,7 +10,7 @@ import torch
 
 from hf_dspark import cli
 from hf_dspark.cli import generate
-from hf_dspark.decoding import policy
+from hf_dspark.decoding import options
 from hf_dspark.io import loading
 
 
@@ -75,7 +75,7 @@ def test_timing_warms_up_after_the_profile_then_times_interleaved(folders, monke
                                         draft_time=0.0, rollback_time=0.0, cache_len=0, warmup=0, repeats=0))
         return cached[0]
 
-    monkeypatch.setattr(policy, "get_profile", get_profile)
+    monkeypatch.setattr(options, "get_profile", get_profile)
     real_generate = model.generate
 
     def logged_generate(*a, **kw):
