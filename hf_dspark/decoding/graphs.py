@@ -17,6 +17,7 @@ config loads the same graph.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import platform
@@ -124,6 +125,24 @@ def _kernels():
     return temporary_cache_dir(str(storage_dir() / "inductor"))
 
 
+@contextlib.contextmanager
+def _isa_unprobed():
+    """A context in which inductor takes every vector ISA the CPU reports as one its compiler builds, instead of
+    probing each (it builds a test kernel per ISA and loads it in a child process: about 1 s at a process's first
+    compiled call on a 2-core Xeon). Used only to find and load a graph saved on this machine: its key names the CPU
+    (every flag) and the ISA the probe chose when it was compiled, so a graph found under the best ISA was built with
+    it here. inductor caches its ISA list per process; it is dropped on leaving, so later compiles probe again."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    valid_vec_isa_list.cache_clear()
+    try:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            yield
+    finally:
+        valid_vec_isa_list.cache_clear()
+
+
 def graph_path(key: dict) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return storage_dir() / "graphs" / f"{key['config'].get('model_type', 'model')}-{digest}.pt2"
@@ -154,21 +173,27 @@ class VerificationGraphs:
         graph = self.seen.get(seen)
         if graph is None:
             with _kernels():  # the key's vector-ISA probe builds a kernel too
-                key = graph_key(self.model, cache, output_hidden_states, self.max_tokens)
-                path = graph_path(key)
-                graph = self.graphs.get(path)
-                if graph is None:
-                    graph = self.graphs[path] = self._load(path) or self._compile(path, key, tokens, cache,
-                                                                                  output_hidden_states)
+                with _isa_unprobed():  # a graph saved here loads without the probe (_isa_unprobed)
+                    path = graph_path(graph_key(self.model, cache, output_hidden_states, self.max_tokens))
+                    graph = self.graphs.get(path) or (self._load(path) if path.exists() else None)
+                    tried = path if path.exists() else None
+                if graph is None:  # none saved for the CPU's best vector ISA: probed, as inductor does
+                    key = graph_key(self.model, cache, output_hidden_states, self.max_tokens)
+                    path = graph_path(key)
+                    graph = (self.graphs.get(path) or self._load(path, unreadable=path == tried)
+                             or self._compile(path, key, tokens, cache, output_hidden_states))
+                self.graphs[path] = graph
             self.seen[seen] = graph
         logits, hidden = graph(self.model, tokens, cache, output_hidden_states)
         return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)
 
-    def _load(self, path: Path):
+    def _load(self, path: Path, unreadable: bool = False):
+        """The graph saved at `path`, or None (none saved, or `unreadable`: found so just before). Raises where
+        compiling this setup failed before."""
         failed = path.with_suffix(".failed")
         if failed.exists():  # compiling this setup failed before (no compiler, an op it cannot take): not again
             raise RuntimeError(f"{failed.read_text().strip()} (recorded in {failed}; delete it to try again)")
-        if not path.exists():
+        if unreadable or not path.exists():
             return None
         t0 = time.perf_counter()
         try:
