@@ -133,14 +133,21 @@ def _isa_unprobed():
     (every flag) and the ISA the probe chose when it was compiled, so a graph found under the best ISA was built with
     it here. inductor caches its ISA list per process; it is dropped on leaving, so later compiles probe again."""
     from torch._inductor import config
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    valid_vec_isa_list.cache_clear()
+    try:
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+        clear = valid_vec_isa_list.cache_clear
+    except (ImportError, AttributeError):  # another torch's internals: look up with the probe, as inductor does
+        clear = None
+    if clear is None:
+        yield
+        return
+    clear()
     try:
         with config.patch({"cpp.vec_isa_ok": True}):
             yield
     finally:
-        valid_vec_isa_list.cache_clear()
+        clear()
 
 
 def graph_path(key: dict) -> Path:

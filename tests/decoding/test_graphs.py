@@ -107,3 +107,21 @@ def test_a_graph_that_cannot_be_saved_still_serves_this_process(tmp_path, monkey
         cache.crop(-4)
     assert compiled == [1] and "could not save the compiled graph" in caplog.text
     assert not any((tmp_path / "graphs").iterdir())
+
+
+def test_the_isa_probe_is_off_only_inside_the_lookup_and_stays_on_with_other_inductor_internals(monkeypatch):
+    """Inside, inductor takes the CPU's ISAs as built (its probe off) and its per-process ISA list is dropped on
+    leaving; a torch whose ISA list is not a per-process cache keeps the probe (a lookup probes, as inductor does)."""
+    from torch._inductor import config, cpu_vec_isa
+
+    from hf_dspark.decoding.graphs import _isa_unprobed
+
+    before = config.cpp.vec_isa_ok
+    with _isa_unprobed():
+        assert config.cpp.vec_isa_ok is True
+        cpu_vec_isa.valid_vec_isa_list()
+        assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1
+    assert config.cpp.vec_isa_ok == before and cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: [])  # not a functools cache
+    with _isa_unprobed():
+        assert config.cpp.vec_isa_ok == before
