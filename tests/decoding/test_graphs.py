@@ -122,6 +122,6 @@ def test_the_isa_probe_is_off_only_inside_the_lookup_and_stays_on_with_other_ind
         cpu_vec_isa.valid_vec_isa_list()
         assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1
     assert config.cpp.vec_isa_ok == before and cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0
-    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: [])  # not a functools cache
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", list)  # not a functools cache
     with _isa_unprobed():
         assert config.cpp.vec_isa_ok == before
