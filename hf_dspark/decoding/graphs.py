@@ -182,8 +182,8 @@ class VerificationGraphs:
             with _kernels():  # the key's vector-ISA probe builds a kernel too
                 with _isa_unprobed():  # a graph saved here loads without the probe (_isa_unprobed)
                     path = graph_path(graph_key(self.model, cache, output_hidden_states, self.max_tokens))
-                    graph = self.graphs.get(path) or (self._load(path) if path.exists() else None)
                     tried = path if path.exists() else None
+                    graph = self.graphs.get(path) or (self._load(path) if tried else None)
                 if graph is None:  # none saved for the CPU's best vector ISA: probed, as inductor does
                     key = graph_key(self.model, cache, output_hidden_states, self.max_tokens)
                     path = graph_path(key)

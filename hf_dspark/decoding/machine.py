@@ -40,17 +40,23 @@ def cpu_fields(cpuinfo: str | None = None) -> dict[str, str]:
     return fields
 
 
+def _flags(fields: dict[str, str]) -> list[str]:
+    return sorted(set(fields.get("flags", fields.get("Features", "")).split()))
+
+
 def cpu_info(cpuinfo: str | None = None) -> dict:
     """What the CPU is: {"name", "vendor", "family", "model", "flags"} with flags the sorted subset of CPU_FLAGS
     present. Fields missing from the text are ""."""
-    fields = cpu_fields(cpuinfo)
-    flags = set(fields.get("flags", fields.get("Features", "")).split())
+    return _info(cpu_fields(cpuinfo))
+
+
+def _info(fields: dict[str, str]) -> dict:
     return {
         "name": fields.get("model name", "") or platform.processor() or platform.machine(),
         "vendor": fields.get("vendor_id", ""),
         "family": fields.get("cpu family", ""),
         "model": fields.get("model", ""),
-        "flags": sorted(f for f in CPU_FLAGS if f in flags),
+        "flags": [f for f in _flags(fields) if f in CPU_FLAGS],
     }
 
 
@@ -59,9 +65,8 @@ def cpu_identity(cpuinfo: str | None = None) -> str:
     builds its kernels for the CPU it runs on, so a kernel built on one CPU may not run on another of the same
     name)."""
     fields = cpu_fields(cpuinfo)
-    flags = " ".join(sorted(fields.get("flags", fields.get("Features", "")).split()))
-    return " | ".join((cpu_info(cpuinfo)["name"], fields.get("vendor_id", ""), fields.get("cpu family", ""),
-                       fields.get("model", ""), flags))
+    c = _info(fields)
+    return " | ".join((c["name"], c["vendor"], c["family"], c["model"], " ".join(_flags(fields))))
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
