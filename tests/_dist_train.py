@@ -24,3 +24,4 @@ if __name__ == "__main__":
     if PartialState().is_main_process:
         with open(out, "w") as f:
             json.dump({"processes": PartialState().num_processes, "loss": [h["loss"] for h in res["history"]]}, f)
+    PartialState().destroy_process_group()  # a gloo group left for interpreter exit can abort a worker

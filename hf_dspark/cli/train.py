@@ -87,6 +87,11 @@ def main(args) -> int:
     fields["mix"] = dict(args.mix) if args.mix else None
     cfg = TrainConfig(**fields, output_dir=args.output, precision="bf16" if dtype == torch.bfloat16 else "fp32")
     res = train(cfg)
+    # Under `accelerate launch`, a gloo group left for interpreter exit can abort a worker ("terminate called
+    # without an active exception"): end it here, as accelerate asks of every script.
+    from accelerate import PartialState
+
+    PartialState().destroy_process_group()
     state = checkpoint.latest(Path(args.output))
     step = int(state.name.removeprefix(checkpoint.PREFIX))
     val = res["final_val"]
