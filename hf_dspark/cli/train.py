@@ -53,8 +53,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--warm-start", type=int, nargs="+", default=None, metavar="LAYER",
                    help="initialise drafter layer i from target layer LAYER_i (e.g. the last ones: -2 -1)")
     p.add_argument("--init-from", default=None, metavar="DRAFTER",
-                   help="start from this drafter folder's weights and draft vocabulary (same shape), e.g. to continue "
-                   "a finished run on more data under a new schedule")
+                   help="start from this drafter folder's weights and draft vocabulary (same shape, or fewer layers: "
+                   "the new top layers start as identities), e.g. to continue a finished run on more data under a "
+                   "new schedule")
     p.add_argument("--same-data-as", default=None, metavar="RUN",
                    help="train on the batches and draft vocabulary of the run in folder RUN (same data, seed and "
                    "batch settings required): an ablation that differs from it in the head alone")

@@ -7,13 +7,15 @@ import json
 import logging
 from pathlib import Path
 
+import torch
+
 from .drafter import DSparkDraftModel
 from .files import WEIGHTS, CheckpointFilesError, weight_files
 
 logger = logging.getLogger(__name__)
 
-# what a drafter folder must share with the drafter it initialises
-_SAME_SHAPE = ("target_layer_ids", "block_size", "head_type", "mask_token_id", "num_hidden_layers", "markov_rank")
+# what a drafter folder must share with the drafter it initialises (it may have fewer layers: see `_grown`)
+_SAME_SHAPE = ("target_layer_ids", "block_size", "head_type", "mask_token_id", "markov_rank")
 _OWN_KEYS = {"self_attn.q_norm.weight", "self_attn.k_norm.weight", "layer_scalar"}  # a target layer may lack them
 
 
@@ -22,10 +24,27 @@ def differences(saved: dict, ours, keys) -> dict:
     return {k: (saved.get(k), getattr(ours, k)) for k in keys if saved.get(k) != getattr(ours, k)}
 
 
+def _grown(weights: dict, saved_layers: int, layers: int) -> dict:
+    """`weights` of a `saved_layers`-layer drafter, grown to `layers`: each new top layer a copy of the saved top
+    layer whose attention and MLP outputs are zero, so it adds nothing to the residual stream and the grown
+    drafter drafts exactly as the saved one until training moves it (the zero projections get gradients at once)."""
+    top = f"layers.{saved_layers - 1}."
+    grown = dict(weights)
+    for i in range(saved_layers, layers):
+        for k, v in weights.items():
+            if k.startswith(top):
+                name = k[len(top):]
+                zero = name in ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+                grown[f"layers.{i}.{name}"] = (torch.zeros_like(v) if zero else torch.ones_like(v)
+                                               if name == "layer_scalar" else v.clone())
+    return grown
+
+
 def init_from(drafter: DSparkDraftModel, folder) -> None:
     """Load a trained drafter's weights (and its draft vocabulary, if it has one) into `drafter`, built with the
-    same shape: a run that continues another under a new schedule or on more data, or a resume. Refuses a drafter
-    with other taps, block, head, mask token or tensor shapes. A bf16 file is cast to `drafter`'s dtype (warned)."""
+    same shape or with more layers (the new top layers start as identities, `_grown`): a run that continues
+    another under a new schedule, on more data or deeper, or a resume. Refuses a drafter with other taps, block,
+    head, mask token, more layers or other tensor shapes. A bf16 file is cast to `drafter`'s dtype (warned)."""
     from safetensors.torch import load_file
 
     folder, config = Path(folder), Path(folder) / "config.json"
@@ -36,8 +55,16 @@ def init_from(drafter: DSparkDraftModel, folder) -> None:
     if files is None:
         raise ValueError(f"init_from={folder}: no config.json / {WEIGHTS} (give a drafter folder, e.g. "
                          "<run>/checkpoint-<step>/drafter)")
-    differ = differences(json.loads(config.read_text()), drafter.config, _SAME_SHAPE)
+    saved = json.loads(config.read_text())
+    differ = differences(saved, drafter.config, _SAME_SHAPE)
+    saved_layers, layers = saved.get("num_hidden_layers"), drafter.config.num_hidden_layers
+    if not isinstance(saved_layers, int) or not 0 < saved_layers <= layers:
+        differ["num_hidden_layers"] = (saved_layers, layers)
     weights = {k: v for f in files for k, v in load_file(f).items()}
+    if not differ and saved_layers < layers:
+        logger.warning("init_from=%s has %d layers: layers %d-%d start as identities (copies of its top layer with "
+                       "zero output projections)", folder, saved_layers, saved_layers, layers - 1)
+        weights = _grown(weights, saved_layers, layers)
     if "draft_vocab" in weights:
         drafter.set_draft_vocab(weights["draft_vocab"])
     ours = drafter.state_dict()

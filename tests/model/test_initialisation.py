@@ -49,3 +49,30 @@ def test_init_from_loads_a_drafter_folder_of_the_same_shape(tmp_path, shard):
     (tmp_path / "d" / "config.json").unlink()
     with pytest.raises(ValueError, match="no config.json"):
         init_from(fresh, tmp_path / "d")
+
+
+def test_init_from_grows_a_shallower_drafter_without_changing_its_drafts(tmp_path):
+    t = tiny_target()
+    torch.manual_seed(0)
+    saved = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8)
+    saved.save_pretrained(tmp_path / "d")
+    deeper = DSparkDrafter.from_target(t, num_hidden_layers=3, markov_rank=8)
+    init_from(deeper, tmp_path / "d")
+    a, b = saved.state_dict(), deeper.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(b["layers.2.mlp.up_proj.weight"], a["layers.0.mlp.up_proj.weight"])  # a copy of the top
+    assert not b["layers.1.self_attn.o_proj.weight"].any() and not b["layers.2.mlp.down_proj.weight"].any()
+
+    d, n = saved.config.hidden_size, 5
+    feats = torch.randn(1, n, d * len(saved.config.target_layer_ids))
+    block, pos = torch.randn(1, 4, d), torch.arange(n, n + 4)[None]
+
+    def hidden(net):
+        return net.backbone(block, pos, net.context_kv(feats, torch.arange(n)[None]))
+
+    assert torch.equal(hidden(saved), hidden(deeper))  # identities until trained
+    hidden(deeper).square().sum().backward()
+    assert deeper.layers[2].self_attn.o_proj.weight.grad.abs().sum() > 0  # ... and they learn at once
+    deeper.save_pretrained(tmp_path / "e")
+    with pytest.raises(ValueError, match="does not fit.*num_hidden_layers"):  # never shallower
+        init_from(DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8), tmp_path / "e")
