@@ -62,9 +62,10 @@ def init_from(drafter: DSparkDraftModel, folder) -> None:
         differ["num_hidden_layers"] = (saved_layers, layers)
     weights = {k: v for f in files for k, v in load_file(f).items()}
     if not differ and saved_layers < layers:
-        new = f"layer {saved_layers}" if layers == saved_layers + 1 else f"layers {saved_layers}-{layers - 1}"
-        logger.warning("init_from=%s has %d layers: %s start as identities (copies of its top layer with zero "
-                       "output projections)", folder, saved_layers, new)
+        new = (f"layer {saved_layers} starts as an identity" if layers == saved_layers + 1
+               else f"layers {saved_layers}-{layers - 1} start as identities")
+        logger.warning("init_from=%s has %d layers: %s (a copy of its top layer with zero output projections)",
+                       folder, saved_layers, new)
         weights = _grown(weights, saved_layers, layers)
     if "draft_vocab" in weights:
         drafter.set_draft_vocab(weights["draft_vocab"])
