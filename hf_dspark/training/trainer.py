@@ -78,9 +78,10 @@ _SCHEDULE_KEYS = ("data", "head", "num_layers", "taps", "markov_rank", "block_si
 # new epoch at the resume step, `plan.DataPlan.replan`)
 
 
-def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
+def build_drafter(target, cfg: TrainConfig, initialise: bool = True) -> DSparkDrafter:
     """The drafter a run with `cfg` starts from: the target's shape with cfg's overrides, initialised at random,
-    from the target's layers (warm_start) or from a trained drafter (init_from)."""
+    from the target's layers (warm_start) or from a trained drafter (init_from); only the shape if not `initialise`
+    (a resume, whose checkpoint holds the weights)."""
     over = {"block_size": cfg.block_size, "num_hidden_layers": cfg.num_layers, "head_type": cfg.head,
             "markov_rank": cfg.markov_rank, "confidence_head": cfg.head != "none"}
     if cfg.taps:
@@ -90,9 +91,9 @@ def build_drafter(target, cfg: TrainConfig) -> DSparkDrafter:
     drafter = DSparkDrafter.from_target(target, **over)
     if cfg.warm_start is not None and cfg.init_from is not None:
         raise ValueError("warm_start and init_from both initialise the drafter: give one")
-    if cfg.warm_start is not None:
+    if initialise and cfg.warm_start is not None:
         warm_start(drafter, base_model(target), cfg.warm_start)
-    if cfg.init_from is not None:
+    if initialise and cfg.init_from is not None:
         init_from(drafter, cfg.init_from)
     return drafter
 
@@ -130,11 +131,14 @@ def train(cfg: TrainConfig, target=None, records: list[dict] | None = None, acce
     target = _frozen_target(cfg, target, acc)
     target_dtype, pad_id = target.dtype, target.generation_config.pad_token_id or 0
     train_recs, val_recs = _split_records(cfg, records)
-    drafter = build_drafter(target, cfg).float().train()  # warm start copies the target's weights as they are
     out = Path(cfg.output_dir)
     state, saved = _saved_state(out)
+    # a resume takes its weights and draft vocabulary from its checkpoint (_resume): the drafter folder the run began
+    # from (init_from) need not exist any more. float(): a warm start copies the target's weights in their dtype
+    drafter = build_drafter(target, cfg, initialise=saved is None).float().train()
     same = same_data(cfg) if cfg.same_data_as and saved is None else None  # a resume has its own plan and vocab
-    _fix_draft_vocab(cfg, drafter, same, train_recs, target, resuming=saved is not None)
+    if saved is None:
+        _fix_draft_vocab(cfg, drafter, same, train_recs, target)
     if cfg.precision == "bf16":  # features (and the frozen shared LM head) in bf16; the drafter keeps float32 weights
         target.to(torch.bfloat16)
     feats = FeatureSource(target, drafter.config.target_layer_ids, cfg.cache_dir)
@@ -198,10 +202,10 @@ def _saved_state(out: Path) -> tuple[Path | None, dict | None]:
 
 
 def _fix_draft_vocab(cfg: TrainConfig, drafter: DSparkDrafter, same: dict | None, train_recs: list[dict],
-                     target, resuming: bool) -> None:
+                     target) -> None:
     """The draft vocabulary is fixed at the run's start: init_from's (grown to cfg.draft_vocab ids with the training
-    records' most frequent others, if that is more), same_data_as's, or the training records' most frequent tokens;
-    a resume loads the saved one (the data may have grown since)."""
+    records' most frequent others, if that is more), same_data_as's, or the training records' most frequent tokens
+    (a resume loads the saved one: the data may have grown since)."""
     if cfg.init_from is not None and bool(cfg.draft_vocab) != (drafter.draft_vocab is not None):
         raise ValueError(f"init_from={cfg.init_from} {'has' if drafter.draft_vocab is not None else 'has no'} draft "
                          f"vocabulary but draft_vocab={cfg.draft_vocab}: give the setting it was trained with")
@@ -211,7 +215,7 @@ def _fix_draft_vocab(cfg: TrainConfig, drafter: DSparkDrafter, same: dict | None
     if cfg.draft_vocab and drafter.draft_vocab is None:
         drafter.set_draft_vocab(same["draft_vocab"] if same else
                                 frequent_tokens(train_recs, cfg.draft_vocab, eos_ids(target)))
-    elif cfg.init_from is not None and cfg.draft_vocab and not resuming:
+    elif cfg.init_from is not None and cfg.draft_vocab:
         have = drafter.draft_vocab.numel()
         if have > cfg.draft_vocab + 1:  # a vocabulary of N is the N most frequent tokens, + EOS where it was not one
             raise ValueError(f"init_from={cfg.init_from} drafts from {have} tokens; draft_vocab={cfg.draft_vocab} "

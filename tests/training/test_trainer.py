@@ -302,7 +302,8 @@ def test_init_from_starts_a_new_stage_where_the_last_one_ended(tmp_path):
 
 def test_init_from_grows_the_draft_vocabulary_and_never_shrinks_it(tmp_path):
     """A next stage with a larger draft_vocab drafts everything init_from did plus the new data's most frequent other
-    tokens; a resume keeps the vocabulary it saved (the data may grow); fewer ids than init_from's are refused."""
+    tokens; a resume keeps the vocabulary it saved (the data may grow; init_from's folder need not exist any more);
+    fewer ids than init_from's are refused."""
     from collections import Counter
 
     from safetensors.torch import load_file
@@ -328,11 +329,12 @@ def test_init_from_grows_the_draft_vocabulary_and_never_shrinks_it(tmp_path):
     assert min(counts[a] for a in added) >= max((c for k, c in counts.items() if k not in added), default=0)
     assert load_file(state(tmp_path / "stage2") / "drafter" / "model.safetensors")["draft_vocab"].tolist() == vocab
     more = recs + [{**r, "id": f"more:{i}"} for i, r in enumerate(target_records(t, 8, resp_len=16, seed=5))]
-    again = train(TrainConfig(**{**cfg.__dict__, "max_steps": 3}), target=t, records=more)  # a resume
-    assert again["drafter"].draft_vocab.tolist() == vocab
     with pytest.raises(ValueError, match="drafts from 1[23] tokens; draft_vocab=6 would drop"):
         train(TrainConfig(**{**cfg.__dict__, "output_dir": str(tmp_path / "s"), "draft_vocab": 6}), target=t,
               records=recs)
+    shutil.rmtree(tmp_path / "stage1")  # a resume reads its own checkpoint: the folder it began from may be gone
+    again = train(TrainConfig(**{**cfg.__dict__, "max_steps": 3}), target=t, records=more)  # a resume
+    assert again["drafter"].draft_vocab.tolist() == vocab
 
 
 def test_a_run_record_without_its_state_is_not_overwritten(tmp_path):
