@@ -55,15 +55,15 @@ def main() -> None:
 
     loop = "compiled" if profile_path(profile_key(target, base, "compiled")).exists() else "assisted"
     prof = get_profile(target, base, measure=False, loop=loop)
-    rounds = {l: 1e3 * (prof.round_overhead + prof.verify_time[l]) for l in range(1, len(prof.verify_time))}
-    share = {l: extra["greedy"] / r for l, r in rounds.items()}
+    rounds = {k: 1e3 * (prof.round_overhead + prof.verify_time[k]) for k in range(1, len(prof.verify_time))}
+    share = {k: extra["greedy"] / r for k, r in rounds.items()}
     print(f"{device_name(target.device)}, float32; drafter round (7 drafts), median of {args.rounds}:")
     for name, m in ms.items():
         print(f"  {name}: greedy {m['greedy']:.2f} ms, sampled {m['sampled']:.2f} ms")
     print(f"  extra: greedy {extra['greedy']:.2f} ms, sampled {extra['sampled']:.2f} ms")
     print(f"a round verifying l drafts on the saved {loop} profile, ms (and the τ gain the extra layer must buy):")
-    for l, r in rounds.items():
-        print(f"  l={l}: {r:.1f} ms, +{100 * share[l]:.1f} %")
+    for k, r in rounds.items():
+        print(f"  l={k}: {r:.1f} ms, +{100 * share[k]:.1f} %")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device_name(target.device), "threads": args.threads, "drafter": args.drafter, "round_ms": ms,
