@@ -29,14 +29,14 @@ def _grown(weights: dict, saved_layers: int, layers: int) -> dict:
     layer whose attention and MLP outputs are zero, so it adds nothing to the residual stream and the grown
     drafter drafts exactly as the saved one until training moves it (the zero projections get gradients at once)."""
     top = f"layers.{saved_layers - 1}."
+    start = {"self_attn.o_proj.weight": torch.zeros_like, "mlp.down_proj.weight": torch.zeros_like,
+             "layer_scalar": torch.ones_like}  # the rest: copies
     grown = dict(weights)
     for i in range(saved_layers, layers):
         for k, v in weights.items():
             if k.startswith(top):
                 name = k[len(top):]
-                zero = name in ("self_attn.o_proj.weight", "mlp.down_proj.weight")
-                grown[f"layers.{i}.{name}"] = (torch.zeros_like(v) if zero else torch.ones_like(v)
-                                               if name == "layer_scalar" else v.clone())
+                grown[f"layers.{i}.{name}"] = start.get(name, torch.clone)(v)
     return grown
 
 
