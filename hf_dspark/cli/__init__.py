@@ -18,7 +18,14 @@ USER_ERRORS = (ValueError, OSError, NotImplementedError, ImportError)  # bad inp
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Help that shows each flag's default."""
+    """Help that shows each flag's default where it tells the reader something: not a required flag's, not None
+    or a switch's False, and not where the help text already says what the default is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required or action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,12 @@ def test_every_flag_has_help_and_one_name_per_concept():
             assert action.help, f"hf-dspark {name} {action.option_strings or action.dest}: no help text"
             assert not RETIRED & set(action.option_strings), (name, action.option_strings)
         text = p.format_help()
-        assert "(default:" in text, name  # the formatter shows defaults
+        assert "(default:" in text, name  # the formatter shows defaults, where they say something:
+        assert "(default: None)" not in text and "(default: False)" not in text, name
+        formatter = p._get_formatter()
+        for action in p._actions:  # and once: a help text that states its default gets no second one
+            if "default" in (action.help or ""):
+                assert formatter._get_help_string(action) == action.help, (name, action.dest)
 
 
 def test_cli_constants_are_the_librarys():
