@@ -9,12 +9,14 @@ traceback. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from . import bench, calibrate, data, demo, export, generate, profile, replay, train
 
 SUBCOMMANDS = (generate, data, profile, train, calibrate, export, demo, bench, replay)  # `hf-dspark --help` order
 USER_ERRORS = (ValueError, OSError, NotImplementedError, ImportError)  # bad input, refusals, a missing extra
+STATES_DEFAULT = re.compile(r"\(default[:)]|default:")  # "(default: the shipped drafter)", "compiled (default)"
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -23,7 +25,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.required or action.default is None or action.default is False or "default" in text:
+        if action.required or action.default is None or action.default is False or STATES_DEFAULT.search(text):
             return text
         return super()._get_help_string(action)
 
