@@ -3,7 +3,7 @@
 # training source, never answered by the answer job), replay both on the evaluation sets' target answers (greedy
 # and T = 1, 100 prompts x 256 tokens each; generated once into out/eval_targets/), and print τ and the worst ECE
 # cell of each side by side. Copying the candidate into hf_dspark/assets/ is left to you: see docs/training.md.
-#   bash scripts/ship_drafter.sh runs/stage4-2layers/checkpoint-<step>/drafter out/ship   # 1 thread, ~1-2 h
+#   bash scripts/ship_drafter.sh runs/<run>/checkpoint-<step>/drafter out/ship   # 1 thread, ~1 h on a Zen 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=${1:?"drafter folder to evaluate"}
