@@ -16,7 +16,7 @@ from . import bench, calibrate, data, demo, export, generate, profile, replay, t
 
 SUBCOMMANDS = (generate, data, profile, train, calibrate, export, demo, bench, replay)  # `hf-dspark --help` order
 USER_ERRORS = (ValueError, OSError, NotImplementedError, ImportError)  # bad input, refusals, a missing extra
-STATES_DEFAULT = re.compile(r"\(default[:)]|default:")  # "(default: the shipped drafter)", "compiled (default)"
+STATES_DEFAULT = re.compile(r"default:|\(default\)")  # "(default: the shipped drafter)", "compiled (default)"
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
