@@ -11,15 +11,15 @@ import torch
 
 from hf_dspark.demo.app import EXAMPLE, warm_up
 from hf_dspark.demo.models import load_demo_models, use_loop
-from hf_dspark.demo.session import MAX_PROMPT_TOKENS, demo_inputs, race
+from hf_dspark.demo.session import MAX_PROMPT_TOKENS, demo_inputs, on_compute_thread, race
 
 torch.set_num_threads(2)
 loop = sys.argv[1] if len(sys.argv) > 1 else "auto"
 new = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 races = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-models = load_demo_models()
-use_loop(models, loop, MAX_PROMPT_TOKENS + 256)  # as the app: the page's longest request
-warm_up(models)
+models = on_compute_thread(load_demo_models)  # as the app: all torch work on its compute thread
+on_compute_thread(use_loop, models, loop, MAX_PROMPT_TOKENS + 256)  # the page's longest request
+on_compute_thread(warm_up, models)
 print(models.info[-1])
 prompts = [EXAMPLE,
            "Write a short, upbeat blog post about a weekend trip to the mountains.",

@@ -5,7 +5,7 @@
     python app.py --target DIR --drafter DIR [--drafter-none DIR]
 
 Runs unchanged as a Hugging Face Space through the repository's app.py (see docs/demo.md). Rendering lives in
-render.py, the generation thread in session.py, model loading in models.py; this file wires.
+render.py, the compute thread and generation in session.py, model loading in models.py; this file wires.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .session import (
     Request,
     check_request,
     demo_inputs,
+    on_compute_thread,
     policy_for,
     race,
     sampling_kwargs,
@@ -46,7 +47,7 @@ def build(models, max_new_tokens: int) -> gr.Blocks:
 
     def profile_for(drafter):  # measured once per drafter (seconds), then cached on disk by decoding/profile.py
         if id(drafter) not in profiles:  # the profile of the loop its calls run on ("auto" resolved)
-            profiles[id(drafter)] = drafter.options.profile_for(target, drafter)
+            profiles[id(drafter)] = on_compute_thread(drafter.options.profile_for, target, drafter)
         return profiles[id(drafter)]
 
     def drafter_for(req: Request):
@@ -150,10 +151,11 @@ def warm_up(models) -> None:
 
 def main(args) -> None:
     if args.threads:
-        torch.set_num_threads(args.threads)
-    models = load_demo_models(args.target, args.drafter, args.drafter_none, args.tiny, args.tiny_steps, args.device)
-    use_loop(models, args.loop, MAX_PROMPT_TOKENS + args.max_new_tokens)
-    warm_up(models)  # on the compiled loop, this compiles
+        on_compute_thread(torch.set_num_threads, args.threads)
+    models = on_compute_thread(load_demo_models, args.target, args.drafter, args.drafter_none, args.tiny,
+                               args.tiny_steps, args.device)
+    on_compute_thread(use_loop, models, args.loop, MAX_PROMPT_TOKENS + args.max_new_tokens)
+    on_compute_thread(warm_up, models)  # on the compiled loop, this loads (or compiles) its graph
     demo = build(models, args.max_new_tokens)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
     demo.launch(server_name=args.host, server_port=args.port, css=view.CSS, show_error=True)

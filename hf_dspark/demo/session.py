@@ -1,13 +1,16 @@
-"""One demo generation: request limits, the verify policy from the controls, and generate() in a thread
-whose progress is polled (a streamer for the committed tokens, `drafter.last_stats.rounds` for the fates).
+"""One demo generation: request limits, the verify policy from the controls, and generate() on the demo's compute
+thread, whose progress is polled (a streamer for the committed tokens, `drafter.last_stats.rounds` for the fates).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +22,24 @@ from ..io import prompts
 MAX_PROMPT_CHARS = 2000
 MAX_PROMPT_TOKENS = 512
 MAX_NEW_TOKENS = 256
+
+# All of the demo's torch work (loading, warm-up, profiles, every generate) runs on one thread. libgomp, torch's
+# OpenMP, cuts its threads' spin-wait to almost nothing once it manages more threads than there are CPUs, so a
+# generate() on a fresh thread while the loading thread still holds its OpenMP team runs its small parallel regions
+# up to 2x slower on a 2-CPU machine: DSpark's rounds more than plain steps (docs/demo.md).
+@functools.cache
+def _compute() -> tuple[ThreadPoolExecutor, int]:
+    """(the compute thread's executor, its thread id), started on first use."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-dspark-compute")
+    return pool, pool.submit(threading.get_ident).result()
+
+
+def on_compute_thread(fn, *args, **kwargs):
+    """fn(*args, **kwargs) run on the demo's compute thread (directly if already there); returns its result."""
+    pool, ident = _compute()
+    if threading.get_ident() == ident:
+        return fn(*args, **kwargs)
+    return pool.submit(fn, *args, **kwargs).result()
 
 
 @dataclass
@@ -119,10 +140,10 @@ class Progress:
 
 def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy="all", poll: float = 0.15,
                     lock: threading.Lock | None = None, ngram: bool = False, live: bool = True) -> Iterator[Progress]:
-    """Run generate (with `drafter` as assistant under verify `policy` and `ngram` drafts, or plain) in a thread;
-    yield a Progress every `poll` s (only if `live`) and once at the end, whose `elapsed` is the generate() call's
-    own time, timed in its thread. A race runs both sides with live=False: rendering while the other side decodes
-    would tax whichever side shows more. `lock` serialises generations on one model: the drafter's last_stats
+    """Run generate (with `drafter` as assistant under verify `policy` and `ngram` drafts, or plain) on the compute
+    thread; yield a Progress every `poll` s (only if `live`) and once at the end, whose `elapsed` is the generate()
+    call's own time, timed on that thread. A race runs both sides with live=False: rendering while the other side
+    decodes would tax whichever side shows more. `lock` serialises generations on one model: the drafter's last_stats
     are per model. If the consumer goes away (a closed browser tab), the run is cancelled."""
     rec, cancel = Recorder(), _Cancel()
     box: dict = {}
@@ -142,16 +163,18 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
         finally:
             rec.done = True
 
+    pool, ident = _compute()
+    if threading.get_ident() == ident:
+        raise RuntimeError("stream_generate polls the compute thread: call it from another thread")
     with lock or _NoLock():
         if drafter is not None:
             drafter.last_stats = None  # so the poller can tell this run's stats from the previous one's
-        thread = threading.Thread(target=work, daemon=True)
         t0 = time.perf_counter()
-        thread.start()
+        job = pool.submit(work)
         try:
-            while thread.is_alive():
-                thread.join(poll if live else None)
-                if thread.is_alive():
+            while not job.done():
+                wait_for([job], timeout=poll if live else None)
+                if not job.done():
                     stats = drafter.last_stats if drafter is not None else None
                     rounds = list(stats.rounds) if stats is not None else []
                     yield Progress(rec, stats, time.perf_counter() - t0, False, rounds=rounds)
@@ -161,12 +184,12 @@ def stream_generate(model, inputs: dict, gen_kwargs: dict, drafter=None, policy=
                            rounds=list(stats.rounds) if stats is not None else [])
         finally:
             cancel.stop = True  # no-op after a normal end; stops an abandoned run at its next round
-            thread.join()
+            wait_for([job])
 
 
 def race(model, inputs: dict, gen_kwargs: dict, drafter, policy, ngram: bool,
          lock: threading.Lock | None = None) -> tuple[Progress, Progress]:
-    """(DSpark's final Progress, plain generate's) on the same request, DSpark first, each timed alone in its own
+    """(DSpark's final Progress, plain generate's) on the same request, DSpark first, each timed alone on the compute
     thread with nothing rendered meanwhile (live=False): the tokens/s the demo shows for either run is the one
     the race compares."""
     dspark = list(stream_generate(model, inputs, gen_kwargs, drafter=drafter, policy=policy, lock=lock,

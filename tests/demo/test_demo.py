@@ -12,6 +12,7 @@ from hf_dspark.demo.session import (
     Recorder,
     Request,
     check_request,
+    on_compute_thread,
     policy_for,
     race,
     sampling_kwargs,
@@ -164,6 +165,42 @@ def test_stream_generate_on_a_tiny_target_matches_plain_generate():
     ref = t.generate(torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]]), **gen)
     assert demo.committed_ids(demo.classify(p.recorder.first_ids, p.rounds)) == ref[0, 8:].tolist()
     assert any(r.source == "ngram" for r in p.rounds)
+
+
+def test_every_demo_generation_runs_on_the_one_compute_thread():
+    """libgomp cuts its spin-wait once it manages more threads than CPUs, so a generate() on a fresh thread beside
+    the loading thread's OpenMP team ran DSpark's rounds up to 2x slower: every generate (plain, DSpark, a race's
+    two) runs on session's one compute thread, and stream_generate refuses to poll from that thread itself."""
+    import threading
+
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from hf_dspark import DSparkDrafter
+    from hf_dspark.demo.models import tiny_target
+
+    class Where(LogitsProcessor):
+        def __init__(self):
+            self.threads = set()
+
+        def __call__(self, input_ids, scores):
+            self.threads.add(threading.get_ident())
+            return scores
+
+    t = tiny_target(40)
+    d = DSparkDrafter.from_target(t, num_hidden_layers=1, markov_rank=8, mask_token_id=2)
+    where = Where()
+    ids = {"input_ids": torch.tensor([[5, 6, 7, 8]])}
+    gen = {"max_new_tokens": 6, "do_sample": False, "logits_processor": LogitsProcessorList([where])}
+    for _ in range(2):
+        *_, p = stream_generate(t, ids, gen, drafter=d, policy=3, poll=0.01)
+        *_, plain = stream_generate(t, ids, gen)
+        dspark, raced = race(t, ids, gen, d, "all", False)
+        assert p.error is None and torch.equal(p.output, plain.output) and torch.equal(dspark.output, raced.output)
+    compute = on_compute_thread(threading.get_ident)
+    assert where.threads == {compute} and compute != threading.get_ident()
+    assert on_compute_thread(on_compute_thread, threading.get_ident) == compute  # a nested call runs in place
+    with pytest.raises(RuntimeError, match="compute thread"):
+        on_compute_thread(lambda: list(stream_generate(t, ids, gen)))
 
 
 def test_a_race_times_each_generate_alone_and_the_panel_shows_that_time():
