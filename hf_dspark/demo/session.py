@@ -5,7 +5,6 @@ thread, whose progress is polled (a streamer for the committed tokens, `drafter.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -27,11 +26,18 @@ MAX_NEW_TOKENS = 256
 # OpenMP, cuts its threads' spin-wait to almost nothing once it manages more threads than there are CPUs, so a
 # generate() on a fresh thread while the loading thread still holds its OpenMP team runs its small parallel regions
 # up to 2x slower on a 2-CPU machine: DSpark's rounds more than plain steps (docs/demo.md).
-@functools.cache
+_COMPUTE: list = []  # [(executor, thread id)] once started
+_COMPUTE_LOCK = threading.Lock()
+
+
 def _compute() -> tuple[ThreadPoolExecutor, int]:
-    """(the compute thread's executor, its thread id), started on first use."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-dspark-compute")
-    return pool, pool.submit(threading.get_ident).result()
+    """(the compute thread's executor, its thread id), started on first use; the lock keeps two first callers
+    (handler threads) from starting two."""
+    with _COMPUTE_LOCK:
+        if not _COMPUTE:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-dspark-compute")
+            _COMPUTE.append((pool, pool.submit(threading.get_ident).result()))
+        return _COMPUTE[0]
 
 
 def on_compute_thread(fn, *args, **kwargs):
