@@ -2,7 +2,7 @@
 (processing, judging, the candidate generator's bookkeeping, Python), summed over real calls.
 
     .venv/bin/python research/loop_overhead.py [--loop compiled] [--dtype bfloat16] [--threads 2] [--limit 8]
-        [--max-new-tokens 128] [--out F]
+        [--max-new-tokens 128] [--temperature 1] [--out F]
 
 The target's forwards are timed around StaticVerifier.prefill/verify (or the model's forward on the assisted loop),
 the drafter from each round's own draft_time (DSparkStats), the rest is the call's wall time minus both. One warm-up
@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", default="data/prompts/eval/gsm8k.jsonl")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled at this temperature")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -62,9 +63,11 @@ def main():
     for i, prompt in enumerate(prompts):
         inputs = chat_inputs(tok, prompt)
         spent["target"] = 0.0
+        torch.manual_seed(i)
+        sampling = dict(do_sample=True, temperature=a.temperature) if a.temperature else dict(do_sample=False)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=a.max_new_tokens,
+            out = model.generate(**inputs, assistant_model=drafter, **sampling, max_new_tokens=a.max_new_tokens,
                                  dspark_options=options)
         wall = time.perf_counter() - t0
         stats = drafter.last_stats
@@ -75,7 +78,7 @@ def main():
                      "new_tokens": out.shape[1] - inputs["input_ids"].shape[1], "loop": stats.loop})
     total = {k: sum(r[k] for r in rows) for k in ("wall", "target", "drafter", "rounds", "new_tokens")}
     rest = total["wall"] - total["target"] - total["drafter"]
-    record = {"cpu": cpu(), "loop": a.loop, "dtype": a.dtype, "threads": a.threads, "calls": len(rows),
+    record = {"cpu": cpu(), "loop": a.loop, "dtype": a.dtype, "temperature": a.temperature, "threads": a.threads, "calls": len(rows),
               "tokens_per_s": total["new_tokens"] / total["wall"], "rounds": total["rounds"],
               "ms_per_round": {"all": 1e3 * total["wall"] / total["rounds"],
                                "target": 1e3 * total["target"] / total["rounds"],

@@ -9,7 +9,8 @@ requests it can take. `unsupported(...)` names what still goes to transformers' 
 
 One round, with n = 1 + ℓ tokens to verify (the anchor and ℓ drafts) on a cache holding cur_len - 1 positions:
   feed [anchor, x_1..x_ℓ] padded to L = padded(n) tokens (the pad repeats the last token; its rows are never read)
-  → logits rows 0..ℓ, processed and judged as transformers judges them (greedy prefix match / rejection sampling)
+  → logits rows 0..ℓ, processed and judged as transformers judges them (greedy prefix match; rejection sampling on
+    the same law, drawn with one uniform per token: rejection_sample)
   → keep cur_len + m positions (anchor + m accepted drafts): the L - 1 - m positions after them are rolled back by
     moving the position; the next forward overwrites them.
 A padded row sees only earlier positions (causal), so rows 0..ℓ are the logits an unpadded forward computes.
@@ -22,9 +23,10 @@ import weakref
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
-from transformers.generation.utils import GenerateDecoderOnlyOutput, _speculative_sampling
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from ..model.heads import draw, draw_from
 from .graphs import VerificationGraphs, linear_forms
 from .scheduler import pad_length
 
@@ -243,6 +245,28 @@ def _compiled_forward(model, most: int) -> VerificationGraphs:
     return kept[most]
 
 
+def rejection_sample(drafts: torch.Tensor, q_logits: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Speculative sampling of one round (Leviathan et al. 2023, algorithm 1): drafts [ℓ] drawn from
+    softmax(q_logits) [ℓ, V], the target's processed scores [ℓ + 1, V] → the committed tokens [1, m + 1]: the m
+    drafts accepted (x_i kept with probability min(1, p_i / q_i) until the first rejection), then one token from the
+    residual max(p − q, 0) at the first rejection, or from p after all ℓ. transformers' _speculative_sampling's law
+    (the assisted loop's), with one uniform for the last token instead of torch.multinomial's pass over V."""
+    ell = drafts.shape[0]
+    p = scores.softmax(dim=-1)
+    q = q_logits.softmax(dim=-1)
+    rows = torch.arange(ell, device=drafts.device)
+    ratio = p[rows, drafts] / q[rows, drafts]
+    m = int(((torch.rand_like(ratio) > ratio).cumsum(dim=-1) < 1).sum())
+    if m < ell:
+        residual = (p[m] - q[m]).clamp_(min=0)
+        # a rejection means p(x_m) < q(x_m), so the residual has mass; were it all rounded away, p and q agree to
+        # rounding and p is the residual's law
+        last = draw_from((residual if bool(residual.sum() > 0) else p[m])[None])
+    else:
+        last = draw_from(p[m:])
+    return torch.cat([drafts[:m], last.to(drafts.device)]).view(1, -1)
+
+
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config, candidate,
            streamer=None, compiled: bool = False) -> torch.Tensor | GenerateDecoderOnlyOutput:
@@ -273,10 +297,10 @@ def decode(model, input_ids: torch.Tensor, logits_processor, stopping_criteria, 
         for i in range(n_drafts + 1):
             scores[:, i] = logits_processor(candidates[:, : cur_len + i], scores[:, i])
         if do_sample and q_logits is not None:
-            valid, matches = _speculative_sampling(candidates, q_logits, n_drafts, scores)
+            valid = rejection_sample(candidates[0, cur_len:], q_logits[0], scores[0])
         else:
-            if do_sample:
-                chosen = torch.multinomial(scores[0].softmax(dim=-1), num_samples=1).view(1, -1)
+            if do_sample:  # a plain step, or n-gram drafts (q a point mass): sample every row and compare
+                chosen = draw(scores[0]).view(1, -1)
             else:
                 chosen = scores.argmax(dim=-1)
             drafts = candidates[:, cur_len:]

@@ -5,7 +5,7 @@ Across the two paths only the deterministic decodes are equal token for token (g
 outputs are not: the kernel draws each draft by Gumbel-max from one `torch.rand(n, V')` per round
 (dspark_kernels.dispatch), the reference by one uniform per draft token (inverse CDF, heads.draw).
 Both are exact draws from the same q, but they consume torch's generator differently, so from the same seed
-the two paths walk different random streams (and so does transformers' rejection sampler after them).
+the two paths walk different random streams (and so does the rejection sampler after them).
 Given the same uniforms the kernel and its PyTorch specification draw the same tokens: tests/model/test_kernels.py
 (test_markov_draft_matches_reference[...-sample]).
 """

@@ -4,7 +4,8 @@ and the requests it does not take sent to transformers' assisted loop by name.""
 
 import pytest
 import torch
-from transformers import TextIteratorStreamer
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TextIteratorStreamer
+from transformers.generation.logits_process import TopKLogitsWarper
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
@@ -351,27 +352,88 @@ def test_a_sliding_window_as_long_as_the_cache_takes_the_static_loop_and_stays_e
     assert out.tolist() == plain.tolist() and drafter.last_stats.loop == "static"
 
 
-@pytest.mark.parametrize("do_sample", [False, True])
-def test_dict_outputs_with_scores_and_logits_match_the_assisted_loop(llama, do_sample):
-    """return_dict_in_generate on the own loop: the same sequences, and per new token the same processed scores and
-    raw logits as transformers' assisted loop gives (same drafts, same seed)."""
+def _close_per_token(mine, theirs, vocab):
+    assert len(mine) == len(theirs)
+    for x, y in zip(mine, theirs):
+        assert x.shape == y.shape == (1, vocab)
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
+def test_dict_outputs_with_scores_and_logits_match_the_assisted_loop(llama):
+    """return_dict_in_generate on the own loop, greedy: the same sequences, and per new token the same processed
+    scores and raw logits as transformers' assisted loop gives (same drafts)."""
     drafter = drafter_for(llama)
-    kw = dict(do_sample=do_sample, max_new_tokens=16, return_dict_in_generate=True, output_scores=True,
+    kw = dict(do_sample=False, max_new_tokens=16, return_dict_in_generate=True, output_scores=True,
               output_logits=True, repetition_penalty=1.3, assistant_model=drafter)
     runs = {}
     for name in ("assisted", "static"):
-        torch.manual_seed(3)
         runs[name] = llama.generate(PROMPT, **kw, dspark_options=DecodingOptions("all", ngram_drafts=False,
                                                                                  loop=name))
         assert drafter.last_stats.loop == name
     a, s = runs["assisted"], runs["static"]
     assert s.sequences.tolist() == a.sequences.tolist()
-    assert len(s.scores) == len(a.scores) == len(s.logits) == s.sequences.shape[1] - PROMPT.shape[1]
-    for mine, theirs in ((s.scores, a.scores), (s.logits, a.logits)):
-        for x, y in zip(mine, theirs):
-            assert x.shape == y.shape == (1, llama.config.vocab_size)
-            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+    assert len(s.scores) == s.sequences.shape[1] - PROMPT.shape[1]
+    _close_per_token(s.scores, a.scores, llama.config.vocab_size)
+    _close_per_token(s.logits, a.logits, llama.config.vocab_size)
     assert s.cache is None
+
+
+def test_sampled_dict_outputs_are_the_targets_logits_of_the_sampled_tokens(llama):
+    """Sampled, the own loop draws with one uniform per token (rejection_sample), so a seed gives other tokens than
+    transformers' assisted loop; its scores and logits per new token are still the target's on the sequence it
+    sampled: the raw logits of a teacher-forced forward, processed as generate() processes them (the repetition
+    penalty, then transformers' default top-k of 50)."""
+    drafter = drafter_for(llama)
+    torch.manual_seed(3)
+    out = llama.generate(PROMPT, do_sample=True, max_new_tokens=16, return_dict_in_generate=True,
+                         output_scores=True, output_logits=True, repetition_penalty=1.3, assistant_model=drafter,
+                         dspark_options=STATIC)
+    assert drafter.last_stats.loop == "static" and any(r.verified > r.accepted for r in drafter.last_stats.rounds)
+    seq, start = out.sequences, PROMPT.shape[1]
+    with torch.no_grad():
+        logits = llama(seq).logits[0, start - 1 : -1].float()
+    procs = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), TopKLogitsWarper(50)])
+    scores = [procs(seq[:, : start + i], logits[i : i + 1].clone()) for i in range(len(logits))]
+    _close_per_token(out.logits, [row[None] for row in logits], llama.config.vocab_size)
+    _close_per_token(out.scores, scores, llama.config.vocab_size)
+
+
+def test_rejection_sample_commits_tokens_on_the_targets_law():
+    """loop.rejection_sample alone, V = 6, two drafts drawn from q: the first committed token follows p_0 (accepted
+    draft or residual) and, given a first token accepted, the second follows p_1 (G-tests). A sampler that draws the
+    replacement from p instead of the residual max(p − q, 0) fails the same test (the negative control)."""
+    import numpy as np
+
+    from tests.sampling_check import _g_test
+
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 6, generator=gen) * 1.5
+    q_logits = torch.randn(2, 6, generator=gen) * 1.5
+    p = scores.softmax(-1).double().numpy()
+
+    def first_tokens(sampler, n=20_000):
+        torch.manual_seed(1)
+        firsts, seconds = [], []
+        for _ in range(n):
+            drafts = torch.multinomial(q_logits.softmax(-1), 1).view(-1)
+            out = sampler(drafts, q_logits, scores)[0].tolist()
+            firsts.append(out[0])
+            if len(out) > 1 and out[0] == int(drafts[0]):  # x_1 accepted: the next token is judged on p_1
+                seconds.append(out[1])
+        return np.bincount(firsts, minlength=6), np.bincount(seconds, minlength=6)
+
+    first, second = first_tokens(loop.rejection_sample)
+    assert _g_test(first, p[0]) > ALPHA and _g_test(second, p[1]) > ALPHA
+
+    def from_p_not_residual(drafts, q_logits, scores):
+        probs, q = scores.softmax(-1), q_logits.softmax(-1)
+        for i, x in enumerate(drafts.tolist()):
+            if torch.rand(()) > probs[i, x] / q[i, x]:
+                return torch.tensor([drafts[:i].tolist() + [int(torch.multinomial(probs[i], 1))]])
+        return torch.tensor([drafts.tolist() + [int(torch.multinomial(probs[-1], 1))]])
+
+    wrong, _ = first_tokens(from_p_not_residual)
+    assert _g_test(wrong, p[0]) < ALPHA
 
 
 def test_a_step_runs_as_the_longer_forward_the_profile_found_cheaper_and_stays_exact(monkeypatch):

@@ -107,3 +107,45 @@ def test_greedy_drafts_without_logits_are_the_same_tokens(pruned, with_processor
         assert set(fast.tokens.tolist()) <= set(vocab.tolist())
     with pytest.raises(ValueError, match="sampled drafts need their logits"):
         sequential_draft(*args[:-1], True, vocab=vocab, w2=w2, vocab_size=16, need_logits=False)
+
+
+@pytest.mark.parametrize("warpers", ["none", "temperature-top-k", "top-p-min-p"])
+def test_sampled_drafts_on_the_draft_vocabulary_are_the_full_rows_draws(warpers, monkeypatch):
+    """A sampled draft whose processors are all row-wise warpers (heads.ROW_WARPERS) is processed and drawn on the
+    draft vocabulary's V' columns: from the same seed, the same tokens and the same q rows (-inf outside the draft
+    vocabulary) as the full-vocabulary path, which a processor outside ROW_WARPERS still takes."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    torch.manual_seed(0)
+    head = build_head(_config("markov"))
+    vocab = torch.tensor([0, 2, 3, 7, 11, 15])
+    n = 6
+    base, hidden = torch.randn(n, 6) * 2, torch.randn(n, 8)
+    chosen = {"none": [], "temperature-top-k": [TemperatureLogitsWarper(0.7), TopKLogitsWarper(3)],
+              "top-p-min-p": [TopPLogitsWarper(0.8), MinPLogitsWarper(0.1)]}[warpers]
+
+    def identity(ids, z):  # not a row warper: sends the draft down the full-vocabulary path
+        return z
+
+    from hf_dspark.model import heads
+
+    widths, real_draw = [], heads.draw
+    monkeypatch.setattr(heads, "draw", lambda z: (widths.append(z.shape[-1]), real_draw(z))[1])
+    runs = {}
+    for name, procs in (("narrow", LogitsProcessorList(chosen) if chosen else None),
+                        ("full", LogitsProcessorList([*chosen, identity]))):
+        torch.manual_seed(5)
+        with torch.no_grad():
+            runs[name] = sequential_draft(base, hidden, torch.tensor(3), head, None, torch.tensor([[1, 5, 3]]), procs,
+                                          True, vocab=vocab, w2=head.W2.weight[vocab], vocab_size=16)
+    narrow, full = runs["narrow"], runs["full"]
+    assert widths == [6] * n + [16] * n  # drawn over V' columns, then over V
+    assert narrow.tokens.tolist() == full.tokens.tolist() and set(narrow.tokens.tolist()) <= set(vocab.tolist())
+    assert narrow.logits.shape == (n, 16)
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[vocab] = False
+    assert torch.isneginf(narrow.logits[:, outside]).all()
+    torch.testing.assert_close(narrow.logits, full.logits, rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(narrow.logits[torch.arange(n), narrow.tokens]).all()  # every token has mass in its q
