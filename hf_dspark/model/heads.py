@@ -274,7 +274,7 @@ def sequential_draft(
 # ---- kernel or PyTorch ---------------------------------------------------------------------------------------
 def kernel_plan(head, confidence, processor) -> dict | str:
     """The Markov kernel's settings {temperature, top_k} for a draft, or a string saying why the reference must
-    run: the tokens must be drawn from exactly the logits handed to transformers' rejection sampler, and only the
+    run: the tokens must be drawn from exactly the logits handed to the rejection sampler, and only the
     reference applies arbitrary processors and heads."""
     if head is not None and type(head) is not MarkovHead:
         return f"head {type(head).__name__}"

@@ -7,7 +7,7 @@ HF_DSPARK_KERNELS (read at every call, so tests and users can flip it at any tim
   torch  always the PyTorch reference.
 Even when forced, a draft whose settings the kernel does not implement (another head type, logits processors
 other than temperature and top-k, ...) runs the reference: the tokens must be drawn from exactly the logits
-handed to transformers' rejection sampler, and only the reference applies arbitrary processors.
+handed to the rejection sampler, and only the reference applies arbitrary processors.
 """
 
 from __future__ import annotations
