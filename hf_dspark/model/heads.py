@@ -183,7 +183,7 @@ def draw_from(weights: torch.Tensor) -> torch.Tensor:
 
 
 def draw(z: torch.Tensor) -> torch.Tensor:
-    """One token per row from softmax(z), z [n, V] → [n]. The same law as torch.multinomial, ~5-20× faster on CPU at
+    """One token per row from softmax(z), z [n, V] → [n]. The same law as torch.multinomial, ~4× faster on a Zen 3 at
     V = 49k (one uniform per row instead of a pass of random numbers over V)."""
     return draw_from(torch.softmax(z.double(), dim=-1))
 
