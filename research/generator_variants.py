@@ -1,9 +1,10 @@
 """The answer generator's throughput under its options, on the same jobs, in one process (one variant at a time).
 
-    .venv/bin/python research/generator_variants.py --jobs 192 --threads 1 [--dtype bfloat16]
+    .venv/bin/python research/generator_variants.py --jobs 192 --threads 1 [--dtype bfloat16] [--set base]
 
-Jobs are the first N of the broad answer set's plan (MATH, Python functions, chat; greedy and T = 1), as
-`hf-dspark data` would answer them; tok/s counts answer tokens (to EOS or 256). Variants: slots 64/128, prompts
+Jobs are the first N of an answer set's plan as `hf-dspark data` would answer them (scripts/generate_answers.sh):
+"broad" (MATH, Python functions, chat; greedy and T = 1) or "base" (GSM8K, Alpaca, MBPP; greedy and T = 0.7,
+top-p 0.9); tok/s counts answer tokens (to EOS or 256). Variants: slots 64/128, prompts
 sorted by length within windows of 8 × slots or not.
 """
 
@@ -24,6 +25,8 @@ from hf_dspark.training.sampler import Job, answer, by_length_in_windows
 T = "data/prompts/train/"
 BROAD = [T + "math_train.jsonl:2", T + "math_prm800k_extra.jsonl:1", T + "python_functions.jsonl:3",
          T + "oasst_prompts.jsonl:10", T + "awesome_chatgpt_prompts.jsonl:5"]
+BASE = [T + "gsm8k_train.jsonl:2", T + "alpaca_5000.jsonl:2", T + "mbpp_train.jsonl:10"]
+SETS = {"broad": (BROAD, 1.0, 1.0, 1), "base": (BASE, 0.7, 0.9, 0)}  # sources, temperature, top-p, seed
 
 
 def main() -> None:
@@ -32,15 +35,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--variants", default="64,64s,128,128s")
+    ap.add_argument("--set", default="broad", choices=sorted(SETS))
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_target(None, getattr(torch, args.dtype), "cpu")
-    jobs = [Job(k, chat_ids(tok, p["prompt"]), t, 1.0) for k, p, t in plan(BROAD, seed=1, temperature=1.0,
-                                                                          top_p=1.0)[: args.jobs]]
+    sources, temperature, top_p, seed = SETS[args.set]
+    jobs = [Job(k, chat_ids(tok, p["prompt"]), t, top_p)
+            for k, p, t in plan(sources, seed=seed, temperature=temperature, top_p=top_p)[: args.jobs]]
     eos = eos_ids(model)
     cpu = cpu_info()
-    out = {"cpu": {k: cpu[k] for k in ("name", "vendor", "family", "model")}, "threads": args.threads, "dtype": args.dtype, "jobs": args.jobs, "rows": []}
+    out = {"cpu": {k: cpu[k] for k in ("name", "vendor", "family", "model")}, "threads": args.threads, "dtype": args.dtype, "set": args.set, "jobs": args.jobs,
+           "rows": []}
     for v in args.variants.split(","):
         slots, sort = int(v.rstrip("s")), v.endswith("s")
         todo = by_length_in_windows(jobs, 8 * slots) if sort else jobs
