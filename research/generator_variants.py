@@ -45,8 +45,8 @@ def main() -> None:
             for k, p, t in plan(sources, seed=seed, temperature=temperature, top_p=top_p)[: args.jobs]]
     eos = eos_ids(model)
     cpu = cpu_info()
-    out = {"cpu": {k: cpu[k] for k in ("name", "vendor", "family", "model")}, "threads": args.threads, "dtype": args.dtype, "set": args.set, "jobs": args.jobs,
-           "rows": []}
+    out = {"cpu": {k: cpu[k] for k in ("name", "vendor", "family", "model")}, "threads": args.threads,
+           "dtype": args.dtype, "set": args.set, "jobs": args.jobs, "rows": []}
     for v in args.variants.split(","):
         slots, sort = int(v.rstrip("s")), v.endswith("s")
         todo = by_length_in_windows(jobs, 8 * slots) if sort else jobs
