@@ -4,7 +4,9 @@
 DynamicCache re-concatenates every layer's keys and values at every step. Here a fixed number of *slots*
 share one preallocated KV buffer `[slots, kv_heads, capacity, head_dim]` per layer: a row that ends (EOS or
 `max_new_tokens`) frees its slot, new prompts are prefilled in a small batch and written into free slots
-right-aligned at the current column, and each row attends only to its own columns (a 2-D mask). Columns no
+right-aligned at the current column, and each row attends only to its own columns (a 2-D mask). Live rows
+are kept packed in the first slots (a finished row's slot takes the last live row), so a step computes only
+live rows, also while free slots wait for a whole prefill batch and while the last answers drain. Columns no
 live row uses any more are dropped from the left. Each row follows exactly the law `generate` would give it
 (temperature, then transformers' top-p nucleus; `temperature == 0` is greedy), only the batching differs.
 """
@@ -59,7 +61,8 @@ class Job:
 
 
 class _SlotLayer(DynamicLayer):
-    """One layer's view into its `_SlotCache` buffer (writes at the shared column, returns `[:, :, :n + q]`)."""
+    """One layer's view into its `_SlotCache` buffer: writes the first `rows` slots at the shared column `n`
+    and returns their whole buffer `[:rows]` (contiguous: slots lead and every column is attended)."""
 
     def __init__(self, owner: "_SlotCache", index: int):
         super().__init__()
@@ -67,59 +70,69 @@ class _SlotLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         o = self.owner
-        n, q = o.n, key_states.shape[-2]
-        o.k[self.index][:, :, n : n + q] = key_states
-        o.v[self.index][:, :, n : n + q] = value_states
-        width = o.width(q)
-        return o.k[self.index][:, :, :width], o.v[self.index][:, :, :width]
+        n, q, rows = o.n, key_states.shape[-2], key_states.shape[0]
+        o.k[self.index][:rows, :, n : n + q] = key_states
+        o.v[self.index][:rows, :, n : n + q] = value_states
+        return o.k[self.index][:rows], o.v[self.index][:rows]
 
     def get_seq_length(self) -> int:
         return self.owner.n
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.width(query_length), 0
-
-
-def _buffer(slots, kv_heads, capacity, head_dim, dtype, device, keys: bool) -> torch.Tensor:
-    """A zero `[slots, kv_heads, capacity, head_dim]` tensor; keys are stored transposed (`[..., head_dim,
-    capacity]` in memory) so `q @ k[:, :, :n].mT` reads a strided matrix instead of copying the slice."""
-    if keys:
-        return torch.zeros(slots, kv_heads, head_dim, capacity, dtype=dtype, device=device).transpose(-1, -2)
-    return torch.zeros(slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        return self.owner.capacity, 0
 
 
 class _SlotCache(DynamicCache):
-    """KV buffers `[slots, kv_heads, capacity, head_dim]` per layer with one shared write column `n`."""
+    """Per layer, K and V buffers `[slots, kv_heads, capacity, head_dim]` with one shared write column `n`;
+    beside them `mask [slots, capacity]` (the columns each slot's row sees) and `start [slots]` (its first).
 
-    def __init__(self, n_layers: int, slots: int, kv_heads: int, head_dim: int, capacity: int, dtype, device):
+    A step attends every column of the buffer, so `k[:rows]` is one contiguous block: CPU `bmm` copies a
+    strided operand first (a `[:, :, :width]` slice of a wider buffer costs ~5× the product itself). `fit`
+    keeps `capacity` at `n + 1` rounded up to a multiple of `BUCKET`: fixed widths keep the set of matmul
+    shapes small (a new width every step grew oneDNN's primitive cache and the allocator ~1 MB a step, an
+    OOM after ~4 minutes at 64 slots), at most `BUCKET - 1` masked columns per step.
+    """
+
+    def __init__(self, n_layers: int, slots: int, kv_heads: int, head_dim: int, dtype, device):
         super().__init__()
-        shape = (slots, kv_heads, capacity, head_dim, dtype, device)
-        self.k = [_buffer(*shape, keys=True) for _ in range(n_layers)]
-        self.v = [_buffer(*shape, keys=False) for _ in range(n_layers)]
+        self.k = [torch.zeros(slots, kv_heads, BUCKET, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros_like(self.k[0]) for _ in range(n_layers)]
+        self.mask = torch.zeros(slots, BUCKET, dtype=torch.long, device=device)
+        self.start = torch.zeros(slots, dtype=torch.long)
         self.layers = [_SlotLayer(self, i) for i in range(n_layers)]
         self.layer_class_to_replicate = None
         self.n = 0
-
-    def width(self, query_length: int) -> int:
-        """Columns attended this step: `n + q` rounded up to a multiple of `BUCKET` (the extra ones are masked).
-
-        Fixed widths keep the set of matmul shapes small: with a new width every step, oneDNN's primitive cache
-        and the allocator grew the process by ~1 MB a step (an OOM after ~4 minutes at 64 slots)."""
-        return min(self.capacity, -(-(self.n + query_length) // BUCKET) * BUCKET)
 
     @property
     def capacity(self) -> int:
         return self.k[0].shape[2]
 
-    def shift(self, drop: int, pad: int = 0, room: int = 0) -> None:
-        """Drop `drop` columns on the left, add `pad` empty ones there, and leave `room` free on the right."""
-        cap = max(self.capacity, -(-(self.n - drop + pad + room) // BUCKET) * BUCKET)
-        for buf, keys in ((self.k, True), (self.v, False)):
+    def fit(self, drop: int = 0, pad: int = 0) -> None:
+        """Drop `drop` columns on the left, add `pad` empty ones there, and size the buffers for one more column.
+
+        Unused columns are zeros: a masked score is discarded, but a NaN in V would survive its zero weight."""
+        n = self.n - drop + pad
+        cap = -(-(n + 1) // BUCKET) * BUCKET
+        if (drop, pad, cap) == (0, 0, self.capacity):
+            return
+        for buf in (self.k, self.v):
             for i, b in enumerate(buf):
-                new = _buffer(b.shape[0], b.shape[1], cap, b.shape[3], b.dtype, b.device, keys)
-                new[:, :, pad : pad + self.n - drop] = b[:, :, drop : self.n]
+                new = b.new_zeros(b.shape[0], b.shape[1], cap, b.shape[3])
+                new[:, :, pad:n] = b[:, :, drop : self.n]
                 buf[i] = new
-        self.n = self.n - drop + pad
+        mask = self.mask.new_zeros(self.mask.shape[0], cap)
+        mask[:, pad:n] = self.mask[:, drop : self.n]
+        self.mask, self.n = mask, n
+        self.start.add_(pad - drop)
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot `src`'s row into slot `dst`: its columns `[start, n)` in every layer, its mask and start."""
+        first = int(self.start[src])
+        for buf in (self.k, self.v):
+            for b in buf:
+                b[dst, :, first : self.n] = b[src, :, first : self.n]
+        self.mask[dst] = self.mask[src]
+        self.start[dst] = first
 
 
 def _kv_shape(config) -> tuple[int, int, int]:
@@ -174,42 +187,39 @@ def by_length_in_windows(jobs: list[Job], window: int) -> list[Job]:
 
 
 def answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: int = 256, slots: int = 64,
-           prefill_batch: int = 8, seed: int = 0, capacity: int = 1024,
-           on_step: Callable[[int], None] | None = None, compact: int = 256) -> Iterator[tuple[Job, list[int]]]:
+           prefill_batch: int = 8, seed: int = 0,
+           on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, list[int]]]:
     """Yield `(job, response_ids)` as answers finish (not in job order); ids end with the EOS if one came.
 
     `slots` rows decode together; a prefill of up to `prefill_batch` new prompts runs once that many slots are
-    free (or the jobs run out). `capacity` is the KV buffer's first width in columns (it grows as needed);
-    once no live row uses the first `compact` columns they are dropped, so a step attends about as many
-    columns as the oldest live row holds, not the buffer's whole history. `on_step(live_rows)` is called after
-    every decode step (progress bars).
+    free (or the jobs run out). Once no live row uses the first `BUCKET` columns they are dropped, so a step
+    attends about as many columns as the oldest live row holds, not the buffer's whole history.
+    `on_step(live_rows)` is called after every decode step (progress bars).
     """
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)
     try:
-        yield from _answer(model, jobs, eos_ids, max_new_tokens, slots, prefill_batch, seed, capacity, on_step,
-                           compact)
+        yield from _answer(model, jobs, eos_ids, max_new_tokens, slots, prefill_batch, seed, on_step)
     finally:
         model.set_attn_implementation(previous)
 
 
 @torch.no_grad()
 def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: int = 256, slots: int = 64,
-           prefill_batch: int = 8, seed: int = 0, capacity: int = 1024, on_step: Callable[[int], None] | None = None,
-           compact: int = 256) -> Iterator[tuple[Job, list[int]]]:
+           prefill_batch: int = 8, seed: int = 0,
+           on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, list[int]]]:
     """One pass of the loop; see `answer`."""
     device, dtype = model.device, model.dtype
     eos = set(eos_ids)
     n_layers, kv_heads, head_dim = _kv_shape(model.config)
     gen = torch.Generator(device=device).manual_seed(seed)
     todo = iter(jobs)
-    cache = _SlotCache(n_layers, slots, kv_heads, head_dim, capacity, dtype, device)
-    mask = torch.zeros(slots, cache.capacity, dtype=torch.long, device=device)  # which columns each row sees
-    start = torch.zeros(slots, dtype=torch.long)  # first column of each row (for left compaction)
+    cache = _SlotCache(n_layers, slots, kv_heads, head_dim, dtype, device)
     pos = torch.zeros(slots, dtype=torch.long, device=device)  # position id of the row's next token
     last = torch.zeros(slots, dtype=torch.long, device=device)  # the row's newest token (the next input)
     owner: list[Job | None] = [None] * slots
     out: list[list[int]] = [[] for _ in range(slots)]
+    live = 0  # rows [0, live) hold answers in progress; [live, slots) are free
     exhausted = False
 
     def pick(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -220,10 +230,11 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
             tok[sel] = sample(logits[sel], *law, generator=gen)
         return tok
 
-    def refill(free: list[int]) -> None:
-        nonlocal mask, exhausted
+    def refill() -> None:
+        nonlocal exhausted, live
         batch = []
-        room = len(free) - len(free) % prefill_batch or len(free)  # whole prefill batches: few distinct shapes
+        free = slots - live
+        room = free - free % prefill_batch or free  # whole prefill batches: few distinct shapes
         while len(batch) < room and not exhausted:
             job = next(todo, None)
             if job is None:
@@ -243,13 +254,9 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
         logits = model(input_ids=ids.to(device), attention_mask=pmask.to(device), position_ids=ppos.to(device),
                        cache=fresh, use_cache=True, logits_to_keep=1).logits[:, -1].float()
         if width > cache.n:  # every row must fit right-aligned at the current column
-            pad = width - cache.n
-            cache.shift(0, pad=pad, room=64)
-            mask = torch.cat([mask.new_zeros(slots, pad), mask[:, : cache.capacity - pad]], 1)
-            start.add_(pad)
-        if mask.shape[1] < cache.capacity:
-            mask = torch.cat([mask, mask.new_zeros(slots, cache.capacity - mask.shape[1])], 1)
-        slots_used = free[: len(batch)]
+            cache.fit(pad=width - cache.n)
+        slots_used = list(range(live, live + len(batch)))
+        live += len(batch)
         for i, (slot, job) in enumerate(zip(slots_used, batch)):
             owner[slot], out[slot] = job, []
             p = len(job.prompt_ids)
@@ -257,9 +264,9 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
                 k, v = fresh.layers[li].keys, fresh.layers[li].values
                 cache.k[li][slot, :, cache.n - p : cache.n] = k[i, :, width - p :]
                 cache.v[li][slot, :, cache.n - p : cache.n] = v[i, :, width - p :]
-            mask[slot] = 0
-            mask[slot, cache.n - p : cache.n] = 1
-            start[slot] = cache.n - p
+            cache.mask[slot] = 0
+            cache.mask[slot, cache.n - p : cache.n] = 1
+            cache.start[slot] = cache.n - p
             pos[slot] = p
         take(slots_used, pick(logits, slots_used))
 
@@ -269,35 +276,38 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
             out[r].append(t)
 
     def finished() -> Iterator[tuple[Job, list[int]]]:
-        for r in range(slots):
+        nonlocal live
+        r = 0
+        while r < live:
             job = owner[r]
-            if job is not None and (out[r][-1] in eos or len(out[r]) >= max_new_tokens):
-                owner[r] = None
+            if out[r][-1] in eos or len(out[r]) >= max_new_tokens:
                 yield job, out[r]
+                live -= 1
+                if r < live:  # the last live row takes this slot: live rows stay packed in [0, live)
+                    cache.move(live, r)
+                    pos[r], last[r] = pos[live], last[live]
+                    owner[r], out[r] = owner[live], out[live]
+                owner[live], out[live] = None, []
+            else:
+                r += 1
 
-    refill(list(range(slots)))
+    refill()
     while True:
         yield from finished()
-        free = [r for r in range(slots) if owner[r] is None]
-        if free and not exhausted and (len(free) >= prefill_batch or len(free) == slots):
-            refill(free)
+        free = slots - live
+        if free and not exhausted and (free >= prefill_batch or free == slots):
+            refill()
             yield from finished()  # an answer may end at its first token
-            free = [r for r in range(slots) if owner[r] is None]
-        live = [r for r in range(slots) if owner[r] is not None]
         if not live:
             return
-        for r in free:  # a dead row attends to its own newest column only: no NaN, costs one row
-            mask[r] = 0
-        drop = int(start[live].min())  # columns no live row needs
-        if cache.n + 1 > cache.capacity or drop >= compact:  # drop them (and grow if still full)
-            cache.shift(drop, room=256)
-            mask = torch.cat([mask[:, drop:], mask.new_zeros(slots, cache.capacity - (mask.shape[1] - drop))], 1)
-            start.sub_(drop)
-        mask[:, cache.n] = 1
-        logits = model(input_ids=last[:, None], attention_mask=mask[:, : cache.width(1)], position_ids=pos[:, None],
-                       cache=cache, use_cache=True).logits[:, -1].float()
+        rows = list(range(live))
+        drop = int(cache.start[:live].min())  # columns no live row needs
+        cache.fit(drop if drop >= BUCKET or cache.n + 1 > cache.capacity else 0)  # a copy: once a bucket is free
+        cache.mask[:live, cache.n] = 1
+        logits = model(input_ids=last[:live, None], attention_mask=cache.mask[:live],
+                       position_ids=pos[:live, None], cache=cache, use_cache=True).logits[:, -1].float()
         cache.n += 1
-        pos += 1
-        take(live, pick(logits[live], live))
+        pos[:live] += 1
+        take(rows, pick(logits, rows))
         if on_step is not None:
-            on_step(len(live))
+            on_step(live)
