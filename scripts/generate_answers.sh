@@ -21,5 +21,5 @@ case "${1:-broad}" in
 esac
 nohup "$PY" -m hf_dspark.cli data "${SOURCES[@]}" -o data/answers \
   --exclude "$SHARED/eval/gsm8k.jsonl" "$SHARED/eval/mbpp.jsonl" \
-  "${LAW[@]}" --slots 64 --threads "$THREADS" --dtype auto >> data/answers.log 2>&1 &
+  "${LAW[@]}" --slots 128 --threads "$THREADS" --dtype auto >> data/answers.log 2>&1 &
 echo "answer generation running as pid $! (tail -f data/answers.log)"

@@ -182,7 +182,7 @@ class ShardWriter:
 
 
 def run(sources: list[str], output: str, exclude: list[str] = (), limit: int | None = None, seed: int = 0,
-        slots: int = 64, max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
+        slots: int = 128, max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
         dtype: str = "bfloat16", threads: int | None = None, model_path: str | None = None,
         shard_size: int = 1000) -> tuple[int, bool]:
     """Answer the planned jobs not yet in the shard folder `output` → (answers written, whether a SIGINT/SIGTERM
