@@ -191,8 +191,8 @@ def answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: i
            on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, list[int]]]:
     """Yield `(job, response_ids)` as answers finish (not in job order); ids end with the EOS if one came.
 
-    `slots` rows decode together; a prefill of up to `prefill_batch` new prompts runs once that many slots are
-    free (or the jobs run out). Once no live row uses the first `BUCKET` columns they are dropped, so a step
+    `slots` rows decode together; once `prefill_batch` slots are free (or the jobs run out) new prompts fill
+    whole batches of them, prefilled `prefill_batch` at a time in order of length (a batch pads to its longest). Once no live row uses the first `BUCKET` columns they are dropped, so a step
     attends about as many columns as the oldest live row holds, not the buffer's whole history.
     `on_step(live_rows)` is called after every decode step (progress bars).
     """
@@ -243,6 +243,18 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
                 batch.append(job)
         if not batch:
             return
+        longest = max(len(j.prompt_ids) for j in batch)
+        if longest > cache.n:  # every row must fit right-aligned at the current column
+            cache.fit(pad=longest - cache.n)
+        batch.sort(key=lambda j: len(j.prompt_ids))  # prefill batches of similar lengths pad little
+        for c in range(0, len(batch), prefill_batch):
+            rows = list(range(live, live + len(batch[c : c + prefill_batch])))
+            live += len(rows)
+            take(rows, pick(prefill(batch[c : c + prefill_batch], rows), rows))
+
+    def prefill(batch: list[Job], rows: list[int]) -> torch.Tensor:
+        """Prefill `batch` (padded on the left) and write it right-aligned at column n into slots `rows`
+        → its last logits [len(rows), vocab] (float32)."""
         width = -(-max(len(j.prompt_ids) for j in batch) // 16) * 16
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         pmask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -253,22 +265,18 @@ def _answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: 
         fresh = DynamicCache()
         logits = model(input_ids=ids.to(device), attention_mask=pmask.to(device), position_ids=ppos.to(device),
                        cache=fresh, use_cache=True, logits_to_keep=1).logits[:, -1].float()
-        if width > cache.n:  # every row must fit right-aligned at the current column
-            cache.fit(pad=width - cache.n)
-        slots_used = list(range(live, live + len(batch)))
-        live += len(batch)
-        for i, (slot, job) in enumerate(zip(slots_used, batch)):
+        n = cache.n
+        for i, (slot, job) in enumerate(zip(rows, batch)):
             owner[slot], out[slot] = job, []
             p = len(job.prompt_ids)
             for li in range(n_layers):
-                k, v = fresh.layers[li].keys, fresh.layers[li].values
-                cache.k[li][slot, :, cache.n - p : cache.n] = k[i, :, width - p :]
-                cache.v[li][slot, :, cache.n - p : cache.n] = v[i, :, width - p :]
+                cache.k[li][slot, :, n - p : n] = fresh.layers[li].keys[i, :, width - p :]
+                cache.v[li][slot, :, n - p : n] = fresh.layers[li].values[i, :, width - p :]
             cache.mask[slot] = 0
-            cache.mask[slot, cache.n - p : cache.n] = 1
-            cache.start[slot] = cache.n - p
+            cache.mask[slot, n - p : n] = 1
+            cache.start[slot] = n - p
             pos[slot] = p
-        take(slots_used, pick(logits, slots_used))
+        return logits
 
     def take(rows: list[int], toks: torch.Tensor) -> None:
         last[rows] = toks
