@@ -8,7 +8,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogit
 from tests._tiny import tiny_target
 from tests.sampling_check import _g_test
 
-from hf_dspark.training.sampler import Job, answer, sample
+from hf_dspark.training.sampler import Job, answer, draw, sample
 
 
 @pytest.mark.parametrize("bucket", [64, 4])
@@ -95,3 +95,19 @@ def test_jobs_are_sorted_by_prompt_length_within_windows_only():
     out = by_length_in_windows(jobs, 3)
     assert [j.key for j in out] == ["1", "2", "0", "4", "5", "3", "6"]  # windows {0,1,2} {3,4,5} {6}, stable
     assert by_length_in_windows(jobs, 0) == jobs and sorted(j.key for j in out) == sorted(j.key for j in jobs)
+
+
+def test_draw_follows_weights_across_blocks():
+    # 90 weights in blocks of 16 (the last one padded), spanning six orders of magnitude, some zero
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(90, generator=g) * 10.0 ** -torch.randint(0, 6, (90,), generator=g)
+    w[[0, 17, 40, 89]] = 0.0
+    n = 60000
+    got = draw(w.expand(n, -1), torch.Generator().manual_seed(1), block=16)
+    assert not set(got.tolist()) & {0, 17, 40, 89}  # a zero weight is never drawn
+    assert _g_test(torch.bincount(got, minlength=90).numpy(), (w / w.sum()).double().numpy()) > 1e-3
+    # negative control: moving a tenth of the top weight's mass to another index is detected
+    off = w.clone()
+    top = int(w.argmax())
+    off[top], off[(top + 1) % 90] = w[top] * 0.9, w[(top + 1) % 90] + w[top] * 0.1
+    assert _g_test(torch.bincount(got, minlength=90).numpy(), (off / off.sum()).double().numpy()) < 1e-6
