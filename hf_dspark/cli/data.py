@@ -14,7 +14,8 @@ def add_parser(subparsers) -> None:
     common.add_target(p)
     p.add_argument("--limit", type=common.positive, default=None, help="plan only the first N shuffled answers")
     p.add_argument("--seed", type=int, default=0, help="seed of the job order and of the sampled answers")
-    p.add_argument("--slots", type=common.positive, default=128, help="rows decoded together (continuous batching; more amortise the weights, each costs KV memory)")
+    p.add_argument("--slots", type=common.positive, default=128,
+                   help="rows decoded together (continuous batching; more amortise the weights, each costs KV memory)")
     p.add_argument("--shard-size", type=common.positive, default=1000, help="answers per gzipped shard")
     p.add_argument("--max-new-tokens", type=common.positive, default=256, help="longest answer, in tokens")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of answers 1..N-1")

@@ -206,7 +206,8 @@ def by_length_in_windows(jobs: list[Job], window: int) -> list[Job]:
     any stopping point, to within a window."""
     if window <= 1:
         return list(jobs)
-    return [j for i in range(0, len(jobs), window) for j in sorted(jobs[i : i + window], key=lambda j: len(j.prompt_ids))]
+    by_length = lambda j: len(j.prompt_ids)  # noqa: E731
+    return [j for i in range(0, len(jobs), window) for j in sorted(jobs[i : i + window], key=by_length)]
 
 
 def answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: int = 256, slots: int = 64,
@@ -215,9 +216,10 @@ def answer(model, jobs: Iterable[Job], eos_ids: Iterable[int], max_new_tokens: i
     """Yield `(job, response_ids)` as answers finish (not in job order); ids end with the EOS if one came.
 
     `slots` rows decode together; once `prefill_batch` slots are free (or the jobs run out) new prompts fill
-    whole batches of them, prefilled `prefill_batch` at a time in order of length (a batch pads to its longest). Once no live row uses the first `BUCKET` columns they are dropped, so a step
-    attends about as many columns as the oldest live row holds, not the buffer's whole history.
-    `on_step(live_rows)` is called after every decode step (progress bars).
+    whole batches of them, prefilled `prefill_batch` at a time in order of length (a batch pads to its
+    longest). Once no live row uses the first `BUCKET` columns they are dropped, so a step attends about as
+    many columns as the oldest live row holds, not the buffer's whole history. `on_step(live_rows)` is called
+    after every decode step (progress bars).
     """
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)

@@ -20,7 +20,8 @@ def test_greedy_rows_equal_generate(bucket, monkeypatch):
     monkeypatch.setattr(sampler, "BUCKET", bucket)
     drops = []
     fit = sampler._SlotCache.fit
-    monkeypatch.setattr(sampler._SlotCache, "fit", lambda self, drop=0, **kw: drops.append(drop) or fit(self, drop, **kw))
+    monkeypatch.setattr(sampler._SlotCache, "fit",
+                        lambda self, drop=0, **kw: drops.append(drop) or fit(self, drop, **kw))
     t = tiny_target()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (9,), generator=g)]
