@@ -1,4 +1,5 @@
-"""Would the drafter's own confidence in its draft calibrate the survival better across prompt sets? (issue 34, ECE)
+"""Would the drafter's own confidence in its draft, or the answer's acceptance so far, calibrate the survival
+better across prompt sets? (issue 34, ECE)
 
 The confidence head's calibration is fitted on held-out prompts of all eight training sources and measured on the
 GSM8K and MBPP evaluation answers, where one greedy cell stays above 0.03 (the head is off by a shift that differs
@@ -9,7 +10,11 @@ and fits per position, sequentially as `fit_sts` does, three maps of the prefix 
 - "sts+q": σ(a_k z_k + c_k m_k + b_k), m_k = log max_x q_k(x), the drafter's log-probability of its own greedy
   draft (a function of q_k's distribution, not of a sampled token: it depends on the drafts before k only, as the
   head's own input does);
-- "q": σ(c_k m_k + b_k), the drafter's probability alone.
+- "q": σ(c_k m_k + b_k), the drafter's probability alone;
+- "sts+hist": σ(a_k z_k + c_k h + b_k), h the log-odds of the drafts accepted so far in this answer among those
+  verified with a label (A accepted of L labelled in the earlier rounds, shrunk to the fit set's pooled rate p0
+  by `HIST_PRIOR` rounds' worth: logit((A + 16 p0) / (L + 16)) − logit(p0)): known before the round is verified,
+  so a scheduler reading it would stay lossless, and it differs per prompt set as the survival does.
 
 Prints ECE per position (20 bins) on the fit set and on each evaluation set. Greedy only (the failing cell's mode).
 
@@ -65,10 +70,14 @@ def _chains_with_maxq(dr, base, h, prev, vocab, w2):
     return torch.stack(z, 1), torch.stack(own, 1), torch.stack(c_tf, 1), torch.stack(c_own, 1)
 
 
+HIST_PRIOR = 16
+
+
 def rounds_arrays(drafter, records, max_new: int):
-    """Greedy replay of `records` → z, m, y, valid [R, γ] (raw confidence logit, log max q, prefix survival)."""
+    """Greedy replay of `records` → z, m, y, valid [R, γ] (raw confidence logit, log max q, prefix survival) and
+    hist [R, 2] (drafts accepted, drafts labelled in the answer's earlier rounds)."""
     g = drafter.config.block_size
-    Z, M, Y, V = [], [], [], []
+    Z, M, Y, V, H = [], [], [], [], []
     rp._chains = _chains_with_maxq
     for rec in records:
         Pn, R = len(rec["prompt_ids"]), len(rec["response_ids"])
@@ -78,6 +87,7 @@ def rounds_arrays(drafter, records, max_new: int):
         s = rp.slot_scores(drafter, rec["prompt_ids"], rec["response_ids"])
         mq = torch.cat(_MAXQ)
         match, conf = s["match"], s["conf_greedy"]
+        accepted = labelled = 0
         for r in rp.walk(lambda a, j: bool(match[a - Pn, j]), Pn, Pn + R, max_new, g,
                          lambda a, n: [float(a - Pn)] * n):
             if not r.confidence:
@@ -87,8 +97,10 @@ def rounds_arrays(drafter, records, max_new: int):
             z[:n], m[:n] = conf[i, :n].numpy(), mq[i, :n].numpy()
             y[: r.accepted] = 1
             v[: n if r.committed > r.accepted else min(n, r.accepted)] = True
-            Z.append(z), M.append(m), Y.append(y), V.append(v)
-    return np.array(Z), np.array(M), np.array(Y), np.array(V)
+            Z.append(z), M.append(m), Y.append(y), V.append(v), H.append((accepted, labelled))
+            accepted += r.accepted
+            labelled += r.accepted + (r.accepted < r.verified)  # the first rejected draft is labelled too
+    return np.array(Z), np.array(M), np.array(Y), np.array(V), np.array(H, np.float64)
 
 
 def _sig(x):
@@ -115,7 +127,8 @@ def fit_logistic(X, y, valid, l2: float = 1.0, iters: int = 400):
             def closure():
                 opt.zero_grad()
                 a = (pt * torch.sigmoid(xt @ wt)).clamp(1e-9, 1 - 1e-9)
-                loss = -(lt * a.log() + (1 - lt) * (1 - a).log()).sum() + 0.5 * l2 * ((wt - torch.tensor(w0)) ** 2).sum()
+                ce = -(lt * a.log() + (1 - lt) * (1 - a).log()).sum()
+                loss = ce + 0.5 * l2 * ((wt - torch.tensor(w0)) ** 2).sum()
                 loss.backward()
                 return loss
             opt.step(closure)
@@ -150,16 +163,25 @@ def main() -> None:
     for path in args.eval:
         recs = [r for r in read_answers(path) if float(r.get("temperature", 0)) == 0]
         sets[path.rstrip("/").split("/")[-1]] = rounds_arrays(drafter, recs, 256)
-    z, m, y, valid = sets["fit"]
+    z, m, y, valid, hist = sets["fit"]
     temps, biases = fit_sts(z, y, valid)
+    p0 = hist[:, 0].sum() / hist[:, 1].sum()
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
     one = lambda a: np.ones_like(a)  # noqa: E731
-    feats = {"sts+q": lambda z, m: np.stack([z, m, one(z)], -1), "q": lambda z, m: np.stack([m, one(m)], -1)}
-    models = {name: fit_logistic(f(z, m), y, valid) for name, f in feats.items()}
-    out = {"rounds": {k: len(v[0]) for k, v in sets.items()}, "ece": {}}
-    for name, (zs, ms, ys, vs) in sets.items():
+
+    def h(z, hist):  # [R, γ]: the answer's acceptance so far, the same for every position of a round
+        return np.repeat((logit((hist[:, 0] + HIST_PRIOR * p0) / (hist[:, 1] + HIST_PRIOR)) - logit(p0))[:, None],
+                         z.shape[1], 1)
+    feats = {"sts+q": lambda z, m, hist: np.stack([z, m, one(z)], -1),
+             "q": lambda z, m, hist: np.stack([m, one(m)], -1),
+             "sts+hist": lambda z, m, hist: np.stack([z, h(z, hist), one(z)], -1)}
+    models = {name: fit_logistic(f(z, m, hist), y, valid) for name, f in feats.items()}
+    out = {"rounds": {k: len(v[0]) for k, v in sets.items()}, "ece": {}, "history_rate": {}}
+    for name, (zs, ms, ys, vs, hs) in sets.items():
+        out["history_rate"][name] = float(hs[:, 0].sum() / hs[:, 1].sum())
         preds = {"raw": predict(np.stack([zs, one(zs)], -1), [np.array([1.0, 0.0])] * zs.shape[1]),
                  "sts": np.cumprod(_sig(zs / np.array(temps) + np.array(biases)), 1)}
-        preds.update({k: predict(feats[k](zs, ms), ws) for k, ws in models.items()})
+        preds.update({k: predict(feats[k](zs, ms, hs), ws) for k, ws in models.items()})
         for k, a in preds.items():
             cells = [ece(a[vs[:, j], j], ys[vs[:, j], j]) for j in range(zs.shape[1])]
             out["ece"].setdefault(name, {})[k] = cells
