@@ -6,7 +6,8 @@ GSM8K and MBPP evaluation answers, where one greedy cell stays above 0.03 (the h
 per set). This study replays the greedy rounds of both (verify all, the drafter's own chain, as `generate` drafts)
 and fits per position, sequentially as `fit_sts` does, three maps of the prefix survival:
 
-- "sts": σ(z_k / T_k + b_k) on the grid (what `hf-dspark calibrate` ships);
+- "sts": σ(z_k / T_k + b_k) on the grid, every position fitted on its own (`hf-dspark calibrate` before the
+  shared map); "sts shared": the same around a shared map (`fit_sts`'s default since);
 - "sts+q": σ(a_k z_k + c_k m_k + b_k), m_k = log max_x q_k(x), the drafter's log-probability of its own greedy
   draft (a function of q_k's distribution, not of a sampled token: it depends on the drafts before k only, as the
   head's own input does);
@@ -150,6 +151,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--output", default=None)
+    ap.add_argument("--save-rounds", default=None, help=".npz of every set's z, m, y, valid, hist (for "
+                    "research/calibration_prior.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_target(None, torch.float32, "cpu")
@@ -164,7 +167,11 @@ def main() -> None:
         recs = [r for r in read_answers(path) if float(r.get("temperature", 0)) == 0]
         sets[path.rstrip("/").split("/")[-1]] = rounds_arrays(drafter, recs, 256)
     z, m, y, valid, hist = sets["fit"]
-    temps, biases = fit_sts(z, y, valid)
+    if args.save_rounds:
+        np.savez(args.save_rounds, **{f"{name}_{part}": a for name, arrays in sets.items()
+                                      for part, a in zip(("z", "m", "y", "valid", "hist"), arrays)})
+    temps, biases = fit_sts(z, y, valid, position_prior=None)
+    shared = fit_sts(z, y, valid)
     p0 = hist[:, 0].sum() / hist[:, 1].sum()
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
     one = lambda a: np.ones_like(a)  # noqa: E731
@@ -180,14 +187,16 @@ def main() -> None:
     for name, (zs, ms, ys, vs, hs) in sets.items():
         out["history_rate"][name] = float(hs[:, 0].sum() / hs[:, 1].sum())
         preds = {"raw": predict(np.stack([zs, one(zs)], -1), [np.array([1.0, 0.0])] * zs.shape[1]),
-                 "sts": np.cumprod(_sig(zs / np.array(temps) + np.array(biases)), 1)}
+                 "sts": np.cumprod(_sig(zs / np.array(temps) + np.array(biases)), 1),
+                 "sts shared": np.cumprod(_sig(zs / np.array(shared[0]) + np.array(shared[1])), 1)}
         preds.update({k: predict(feats[k](zs, ms, hs), ws) for k, ws in models.items()})
         for k, a in preds.items():
             cells = [ece(a[vs[:, j], j], ys[vs[:, j], j]) for j in range(zs.shape[1])]
             out["ece"].setdefault(name, {})[k] = cells
-            print(f"{name:6s} {k:6s} worst {max(cells):.3f}  " + " ".join(f"{c:.3f}" for c in cells), flush=True)
+            print(f"{name:6s} {k:10s} worst {max(cells):.3f}  " + " ".join(f"{c:.3f}" for c in cells), flush=True)
     out["weights"] = {k: [w.tolist() for w in ws] for k, ws in models.items()}
     out["sts"] = {"temperatures": temps, "biases": biases}
+    out["sts shared"] = {"temperatures": shared[0], "biases": shared[1]}
     if args.output:
         with open(args.output, "w") as f:
             json.dump(out, f, indent=1)

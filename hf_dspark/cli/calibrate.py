@@ -71,6 +71,9 @@ def main(args) -> int:
                                                report["temperatures"], report["biases"])):
         print(f"position {k + 1}: ECE {b:.4f} → {a:.4f} (a calibrated head would show ~{f:.4f} here; "
               f"T = {t:.3f}, b = {bias:+.2f})")
+    shared = report["shared_map"]
+    print(f"positions fitted around the shared map T = {shared['temperature']:.3f}, b = {shared['bias']:+.2f} "
+          f"(prior std {shared['position_prior']:g} in ln T and b)")
     at = ", ".join(f"{c['temperature']:g}" for c in drafter.config.calibration)
     print(f"saved the calibrated drafter to {out} (calibrated at T = {at}); report {out}/calibration_{tag}.json, "
           f"reliability plot {out}/reliability_{tag}.png")

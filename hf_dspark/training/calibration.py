@@ -1,16 +1,20 @@
 """Sequential temperature scaling (STS) of the confidence head, behind `hf-dspark calibrate`.
 
-From rounds of real, fixed-length speculative decoding on held-out prompts we take, per drafted position k,
-the raw confidence logit z_k and the prefix-survival label y_k = 1[first k drafts all accepted]. Position by
-position (k = 1..γ, earlier positions fixed) a grid search picks T_k, and a bias b_k, minimising the log loss of
-the cumulative prediction â_k = Π_{i≤k} σ(z_i / T_i + b_i) against y_k, within bounds (T in [0.5, 4], |b| ≤ 1.5)
-and under a weak prior at (1, 0). The log loss is a proper score, smooth in (T, b); ECE, which an earlier fit
-minimised, is a 20-bin histogram statistic that a few hundred rounds let a fit drive into a grid corner (T = 0.26,
-b = +2 at one position) that did not hold on other prompts. ECE is what we report. The bias is ours, not the paper's: the
-head's label is the T = 1 survival of drafts on the training answers' contexts, and where a call's law differs
+From rounds of real, fixed-length speculative decoding on held-out prompts we take, per drafted position k, the raw
+confidence logit z_k and the prefix-survival label y_k = 1[first k drafts all accepted]. A grid search first picks
+one shared (T, b) for every position, minimising the summed log loss of the cumulative predictions â_k = Π_{i≤k}
+σ(z_i / T + b) under a weak prior at (1, 0); then position by position (k = 1..γ, earlier positions fixed) it picks
+T_k, and a bias b_k, minimising the log loss of â_k = Π_{i≤k} σ(z_i / T_i + b_i) against y_k, within bounds (T in
+[0.5, 4], |b| ≤ 1.5) and under a prior centred on the shared map (`POSITION_PRIOR`). The positions' maps fitted each
+on its own wandered (T from 0.64 to 1.32 on the shipped drafter's greedy rounds) on the few rounds that reach the
+later positions with mid-range scores, and a set whose rounds sit there (GSM8K's, where more drafts survive) read
+those maps' noise as miscalibration. The log loss is a proper score, smooth in (T, b); ECE, which an earlier fit
+minimised, is a 20-bin histogram statistic that a few hundred rounds let a fit drive into a grid corner (T = 0.26, b
+= +2 at one position) that did not hold on other prompts. ECE is what we report. The bias is ours, not the paper's:
+the head's label is the T = 1 survival of drafts on the training answers' contexts, and where a call's law differs
 (greedy; T = 1 on the noisier contexts its own samples make) the head is off by a shift, which a temperature,
-stretching logits around 0, cannot undo (research/record/benchmarks.md). Both maps are monotone, so the ranking of scores
-(AUROC) at each position is unchanged.
+stretching logits around 0, cannot undo (research/record/benchmarks.md). Both maps are monotone, so the ranking of
+scores (AUROC) at each position is unchanged.
 
 Shapes: R rounds, γ positions. `z`, `y`, `valid` are [R, γ]; `valid` marks positions that were verified
 and not past an accepted stop (those carry no label).
@@ -33,7 +37,11 @@ from .data import answer_prompts, check_excluded, done_ids, is_holdout, prompt_o
 
 GRID = np.exp(np.linspace(math.log(0.5), math.log(4.0), 121))  # 1 is on it
 BIAS_GRID = np.linspace(-1.5, 1.5, 61)  # logit shifts; 0 is on it, so the fit can keep plain temperature scaling
-PRIOR = 0.5  # std of the Gaussian prior on log T_k and on b_k: worth a few rounds, it only settles flat directions
+PRIOR = 0.5  # std of the Gaussian prior on the shared map's log T and b: worth a few rounds, it settles flat directions
+# std of each position's log T_k and b_k around the shared map. Picked by 4-fold cross-validation (log loss on the
+# held-out folds) on the shipped drafter's 3,534 greedy calibration rounds, where 0.1-0.25 and no such prior scored
+# within noise of one another (research/record/training-runs.md, "A shared map and a prior around it").
+POSITION_PRIOR = 0.15
 
 
 def ece(pred: np.ndarray, label: np.ndarray, bins: int = 20) -> float:
@@ -73,27 +81,54 @@ def _scaled(z, temps, biases=None) -> np.ndarray:
     return z / np.asarray(temps, np.float64) + b
 
 
+def _log_loss(a: np.ndarray, label: np.ndarray) -> np.ndarray:
+    eps = 1e-12
+    return -(label * np.log(a + eps) + (1 - label) * np.log1p(-a + eps))
+
+
+def fit_shared(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = GRID,
+               bias_grid: np.ndarray | None = BIAS_GRID, prior: float = PRIOR) -> tuple[float, float]:
+    """One (T, b) on the grids for every position: the summed log loss of every labelled â_k = Π_{i≤k} σ(z_i / T +
+    b) plus ½·((ln T / prior)² + (b / prior)²). bias_grid None: b = 0."""
+    z, y, valid = np.asarray(z, np.float64), np.asarray(y, np.float64), np.asarray(valid, bool)
+    b_grid = np.zeros(1) if bias_grid is None else np.asarray(bias_grid, np.float64)
+    best = (np.inf, 1.0, 0.0)
+    for t in np.asarray(grid, np.float64):
+        a = np.cumprod(_sigmoid(z[None] / t + b_grid[:, None, None]), axis=-1)  # [nB, R, γ]
+        loss = (_log_loss(a, y) * valid).sum((1, 2)) + 0.5 * ((math.log(t) / prior) ** 2 + (b_grid / prior) ** 2)
+        j = int(np.argmin(loss))
+        if loss[j] < best[0]:
+            best = (float(loss[j]), float(t), float(b_grid[j]))
+    return best[1], best[2]
+
+
 def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = GRID,
-            bias_grid: np.ndarray | None = BIAS_GRID, prior: float = PRIOR) -> tuple[list[float], list[float]]:
+            bias_grid: np.ndarray | None = BIAS_GRID, prior: float = PRIOR,
+            position_prior: float | None = POSITION_PRIOR) -> tuple[list[float], list[float]]:
     """Sequential temperature scaling → ([γ] temperatures, [γ] biases): per position, the (T, b) on the grids that
-    minimise the summed log loss of â_k plus ½·((ln T / prior)² + (b / prior)²). bias_grid None: temperatures
-    only (biases 0, the paper's STS). A position with no labelled rounds keeps T = 1, b = 0."""
+    minimise the summed log loss of â_k plus ½·(((ln T − ln T̄) / σ)² + ((b − b̄) / σ)²), (T̄, b̄) = `fit_shared` and
+    σ = position_prior (None: every position on its own, centred on (1, 0) with σ = prior, as fits did before the
+    shared map). bias_grid None: temperatures only (biases 0, the paper's STS). A position with no labelled rounds
+    takes the centre."""
     z, y, valid = np.asarray(z, np.float64), np.asarray(y, np.float64), np.asarray(valid, bool)
     gamma = z.shape[1]
     t_grid = np.asarray(grid, np.float64)
     b_grid = np.zeros(1) if bias_grid is None else np.asarray(bias_grid, np.float64)
-    penalty = 0.5 * ((np.log(t_grid)[:, None] / prior) ** 2 + (b_grid[None, :] / prior) ** 2)  # [nT, nB]
+    if position_prior is None:
+        (t0, b0), sigma = (1.0, 0.0), prior
+    else:
+        (t0, b0), sigma = fit_shared(z, y, valid, t_grid, bias_grid, prior), position_prior
+    penalty = 0.5 * (((np.log(t_grid) - math.log(t0))[:, None] / sigma) ** 2
+                     + ((b_grid - b0)[None, :] / sigma) ** 2)  # [nT, nB]
     temps: list[float] = []
     biases: list[float] = []
     prefix = np.ones(z.shape[0])
-    eps = 1e-12
     for k in range(gamma):
         v = valid[:, k]
-        t_best, b_best = 1.0, 0.0
+        t_best, b_best = t0, b0
         if v.any():
             a = prefix[v] * _sigmoid(z[v, k][None, None, :] / t_grid[:, None, None] + b_grid[None, :, None])
-            lab = y[v, k]
-            loss = -(lab * np.log(a + eps) + (1 - lab) * np.log1p(-a + eps)).sum(-1) + penalty  # [nT, nB]
+            loss = _log_loss(a, y[v, k]).sum(-1) + penalty  # [nT, nB]
             i, j = np.unravel_index(np.argmin(loss), loss.shape)
             t_best, b_best = float(t_grid[i]), float(b_grid[j])
         temps.append(t_best)
@@ -115,8 +150,8 @@ def ece_floor_per_position(z, valid, temps, biases=None) -> list[float]:
 
 def rounds_to_arrays(rounds, block_size: int, temps, biases=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DSparkStats.rounds → z, y, valid [R, γ]. Round.confidence holds σ(z/T + b) with the drafter's scaling at
-    decoding time (`temps`, `biases`), so z = T·(logit(c) − b). A round without a bonus token ended on a stop or the length
-    limit: its positions past the accepted ones carry no label and are dropped."""
+    decoding time (`temps`, `biases`), so z = T·(logit(c) − b). A round without a bonus token ended on a stop or the
+    length limit: its positions past the accepted ones carry no label and are dropped."""
     R = len(rounds)
     z, y, valid = np.zeros((R, block_size)), np.zeros((R, block_size)), np.zeros((R, block_size), bool)
     eps = 1e-7
@@ -163,7 +198,8 @@ def collect_rounds(model, tok, drafter, prompts: list[str], max_new_tokens: int,
     options are not used: this call's are "all", no n-gram drafts) → all rounds of all prompts."""
     rounds = []
     torch.manual_seed(seed)
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False}
+    sampling = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0
+                else {"do_sample": False})
     every = DecodingOptions("all", ngram_drafts=False)
     for p in tqdm(prompts, desc="calibration prompts"):
         model.generate(**chat_inputs(tok, p, model.device), assistant_model=drafter, dspark_options=every,
@@ -201,7 +237,9 @@ def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = Non
     old = drafter.config.confidence_scaling_at(temperature)  # what scaled the rounds' confidences
     z, y, valid = rounds_to_arrays(rounds, gamma, *old)
     raw = ([1.0] * gamma, None)
-    temps, biases = fit_sts(z, y, valid, bias_grid=BIAS_GRID if bias else None)
+    bias_grid = BIAS_GRID if bias else None
+    temps, biases = fit_sts(z, y, valid, bias_grid=bias_grid)
+    shared = fit_shared(z, y, valid, bias_grid=bias_grid)  # the centre of the positions' prior, for the report
     report = {
         "rounds": len(rounds),
         "labelled_per_position": valid.sum(0).tolist(),
@@ -211,10 +249,12 @@ def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = Non
         "ece_floor_after": ece_floor_per_position(z, valid, temps, biases),
         "temperatures": temps,
         "biases": biases,
+        "shared_map": {"temperature": shared[0], "bias": shared[1], "position_prior": POSITION_PRIOR},
     }
     prefix, low = [], 1.0
     for rate in report["prefix_survival_rate"]:  # a position nobody reached counts as never surviving
-        low = min(low, rate if rate is not None else 0.0)  # rates come from slightly different rounds: keep them monotone
+        # rates come from slightly different rounds: keep them monotone
+        low = min(low, rate if rate is not None else 0.0)
         prefix.append(low)
     entry = {"temperature": float(temperature), "confidence_temperatures": temps, "confidence_biases": biases,
              "prefix_survival": prefix}
