@@ -24,7 +24,7 @@ if [ "$JOBS" -gt 1 ]; then T1_DIR="$OUT/drafter_T1" && cp -r "$SRC" "$T1_DIR"; f
 for T in 0 1; do
   DIR="$OUT/drafter"; [ "$T" = 1 ] && DIR="$T1_DIR"
   run "$PY" -m hf_dspark.cli calibrate "$DIR" "$P"/train/{gsm8k_train,alpaca_5000,mbpp_train,math_train,math_prm800k_extra,python_functions,oasst_prompts,awesome_chatgpt_prompts}.jsonl \
-    --holdout --per-file 8 --exclude-data data/answers --exclude "$P/eval/gsm8k.jsonl" "$P/eval/mbpp.jsonl" \
+    --holdout --per-file 16 --exclude-data data/answers --exclude "$P/eval/gsm8k.jsonl" "$P/eval/mbpp.jsonl" \
     --max-new-tokens 128 --threads 1 --save-dtype bfloat16 -o "$DIR" --temperature $T
 done
 join
