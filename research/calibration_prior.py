@@ -17,14 +17,13 @@ import json
 
 import numpy as np
 
-from hf_dspark.training.calibration import cumulative, ece, fit_sts
+from hf_dspark.training.calibration import cumulative, ece, fit_sts, log_loss
 
 SIGMAS = [None, 0.5, 0.25, 0.2, 0.15, 0.1, 0.05, 0.02]
 
 
-def log_loss(z, y, valid, temps, biases) -> float:
-    a = cumulative(z, temps, biases)
-    return float((-(y * np.log(a + 1e-12) + (1 - y) * np.log1p(-a + 1e-12)) * valid).sum() / valid.sum())
+def mean_log_loss(z, y, valid, temps, biases) -> float:
+    return float((log_loss(cumulative(z, temps, biases), y) * valid).sum() / valid.sum())
 
 
 def worst_cell(a, y, valid) -> float:
@@ -49,7 +48,7 @@ def main() -> None:
             train = np.concatenate([g for j, g in enumerate(folds) if j != f])
             temps, biases = fit_sts(z[train], y[train], valid[train], position_prior=sigma)
             out_of_fold[test] = cumulative(z[test], temps, biases)
-            losses.append(log_loss(z[test], y[test], valid[test], temps, biases) * valid[test].sum())
+            losses.append(mean_log_loss(z[test], y[test], valid[test], temps, biases) * valid[test].sum())
         temps, biases = fit_sts(z, y, valid, position_prior=sigma)
         row = {"sigma": sigma, "cv_log_loss": float(sum(losses) / valid.sum()),
                "cv_worst_ece": worst_cell(out_of_fold, y, valid), "temperatures": temps, "biases": biases,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,10 @@ def sampler_at(rev: str):
     spec = importlib.util.spec_from_file_location(f"hf_dspark.training.sampler_{rev}", path.name)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.unlink(path.name)  # the module is in memory now
     return module
 
 

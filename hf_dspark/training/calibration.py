@@ -81,7 +81,8 @@ def _scaled(z, temps, biases=None) -> np.ndarray:
     return z / np.asarray(temps, np.float64) + b
 
 
-def _log_loss(a: np.ndarray, label: np.ndarray) -> np.ndarray:
+def log_loss(a: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """Elementwise binary log loss of predicted survival `a` against 0/1 `label` (same shapes)."""
     eps = 1e-12
     return -(label * np.log(a + eps) + (1 - label) * np.log1p(-a + eps))
 
@@ -95,7 +96,7 @@ def fit_shared(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray
     best = (np.inf, 1.0, 0.0)
     for t in np.asarray(grid, np.float64):
         a = np.cumprod(_sigmoid(z[None] / t + b_grid[:, None, None]), axis=-1)  # [nB, R, γ]
-        loss = (_log_loss(a, y) * valid).sum((1, 2)) + 0.5 * ((math.log(t) / prior) ** 2 + (b_grid / prior) ** 2)
+        loss = (log_loss(a, y) * valid).sum((1, 2)) + 0.5 * ((math.log(t) / prior) ** 2 + (b_grid / prior) ** 2)
         j = int(np.argmin(loss))
         if loss[j] < best[0]:
             best = (float(loss[j]), float(t), float(b_grid[j]))
@@ -104,12 +105,13 @@ def fit_shared(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray
 
 def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = GRID,
             bias_grid: np.ndarray | None = BIAS_GRID, prior: float = PRIOR,
-            position_prior: float | None = POSITION_PRIOR) -> tuple[list[float], list[float]]:
+            position_prior: float | None = POSITION_PRIOR,
+            centre: tuple[float, float] | None = None) -> tuple[list[float], list[float]]:
     """Sequential temperature scaling → ([γ] temperatures, [γ] biases): per position, the (T, b) on the grids that
     minimise the summed log loss of â_k plus ½·(((ln T − ln T̄) / σ)² + ((b − b̄) / σ)²), (T̄, b̄) = `fit_shared` and
     σ = position_prior (None: every position on its own, centred on (1, 0) with σ = prior, as fits did before the
-    shared map). bias_grid None: temperatures only (biases 0, the paper's STS). A position with no labelled rounds
-    takes the centre."""
+    shared map). `centre`: (T̄, b̄) when the caller has fitted it already. bias_grid None: temperatures only (biases
+    0, the paper's STS). A position with no labelled rounds takes the centre."""
     z, y, valid = np.asarray(z, np.float64), np.asarray(y, np.float64), np.asarray(valid, bool)
     gamma = z.shape[1]
     t_grid = np.asarray(grid, np.float64)
@@ -117,7 +119,7 @@ def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = 
     if position_prior is None:
         (t0, b0), sigma = (1.0, 0.0), prior
     else:
-        (t0, b0), sigma = fit_shared(z, y, valid, t_grid, bias_grid, prior), position_prior
+        (t0, b0), sigma = centre or fit_shared(z, y, valid, t_grid, bias_grid, prior), position_prior
     penalty = 0.5 * (((np.log(t_grid) - math.log(t0))[:, None] / sigma) ** 2
                      + ((b_grid - b0)[None, :] / sigma) ** 2)  # [nT, nB]
     temps: list[float] = []
@@ -128,7 +130,7 @@ def fit_sts(z: np.ndarray, y: np.ndarray, valid: np.ndarray, grid: np.ndarray = 
         t_best, b_best = t0, b0
         if v.any():
             a = prefix[v] * _sigmoid(z[v, k][None, None, :] / t_grid[:, None, None] + b_grid[None, :, None])
-            loss = _log_loss(a, y[v, k]).sum(-1) + penalty  # [nT, nB]
+            loss = log_loss(a, y[v, k]).sum(-1) + penalty  # [nT, nB]
             i, j = np.unravel_index(np.argmin(loss), loss.shape)
             t_best, b_best = float(t_grid[i]), float(b_grid[j])
         temps.append(t_best)
@@ -238,8 +240,8 @@ def calibrate(drafter, rounds, temperature: float, plot: str | Path | None = Non
     z, y, valid = rounds_to_arrays(rounds, gamma, *old)
     raw = ([1.0] * gamma, None)
     bias_grid = BIAS_GRID if bias else None
-    temps, biases = fit_sts(z, y, valid, bias_grid=bias_grid)
-    shared = fit_shared(z, y, valid, bias_grid=bias_grid)  # the centre of the positions' prior, for the report
+    shared = fit_shared(z, y, valid, bias_grid=bias_grid)  # the centre of the positions' prior, reported too
+    temps, biases = fit_sts(z, y, valid, bias_grid=bias_grid, centre=shared)
     report = {
         "rounds": len(rounds),
         "labelled_per_position": valid.sum(0).tolist(),

@@ -123,6 +123,8 @@ def test_positions_are_fitted_around_a_shared_map():
         z2, y2, v2 = _rounds(rng, 20000, 7, same)
         t0, b0 = fit_shared(z, y, v)
         assert 1.5 < t0 < 2.7 and -0.7 < b0 < 0.0, (t0, b0)  # σ(z / 2 − 0.25) is the truth
+        assert fit_sts(z, y, v, centre=(t0, b0)) == fit_sts(z, y, v)  # a centre passed in is the one it fits
+        assert fit_sts(z, y, v, centre=(1.0, 0.0)) != fit_sts(z, y, v)  # and it is used
         for key, kwargs in ((None, {"position_prior": None}), ("prior", {})):
             temps, biases = fit_sts(z, y, v, **kwargs)
             spread[key].append(np.ptp(np.log(temps)) + np.ptp(biases))
