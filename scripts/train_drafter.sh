@@ -11,6 +11,7 @@
 # (stage 5, RUN=runs/stage5 INIT_FROM=hf_dspark/assets/smollm2-135m-dspark STEPS=1000 LR=1e-4
 #  MIX="oasst_prompts=3 awesome_chatgpt_prompts=3", is finished and shipped: a next stage starts from the shipped file)
 # NUM_LAYERS=3 with INIT_FROM a 2-layer drafter grows it (the new top layer starts as an identity).
+# DRAFT_VOCAB=16384 with INIT_FROM a drafter of 8,192 grows its draft vocabulary with the data's most frequent other tokens.
 # MIX="oasst_prompts=3 awesome_chatgpt_prompts=3" reweights sources (--mix; another mix on a resume opens a new epoch).
 # `kill <pid>` stops it cleanly (the step in flight finishes and is saved). The target's tapped features are cached
 # per answer outside the repo ($FEATURES, bf16, ~4.6 KB a token): from the second epoch on a step skips the target.
@@ -26,7 +27,7 @@ FEATURES=${FEATURES:-${HF_DSPARK_CACHE:-$HOME/.cache/hf_dspark}/features/smollm2
 mkdir -p "$(dirname "$RUN")"
 OMP_NUM_THREADS=1 nohup "$PY" -m hf_dspark.cli train data/answers -o "$RUN" --head "$HEAD_TYPE" \
   --num-layers "${NUM_LAYERS:-2}" --taps 1 14 27 --markov-rank 64 --block-size 7 --mask-token-id 16 \
-  --batch-size 8 --num-anchors 64 --max-steps "$STEPS" --lr "$LR" --draft-vocab 8192 --dtype auto \
+  --batch-size 8 --num-anchors 64 --max-steps "$STEPS" --lr "$LR" --draft-vocab "${DRAFT_VOCAB:-8192}" --dtype auto \
   --val-size 32 --eval-every 100 --save-every 100 --seed 0 --threads 1 --cache-dir "$FEATURES" --max-shard-size 45MB \
   ${SAME_DATA_AS:+--same-data-as "$SAME_DATA_AS"} ${INIT_FROM:+--init-from "$INIT_FROM"} ${MIX:+--mix $MIX} --time-limit "$MINUTES" >> "$RUN.log" 2>&1 &
 echo "training running as pid $! (tail -f $RUN.log)"
