@@ -8,7 +8,7 @@
 # A next stage from a finished drafter, on all answers under its own plan (lr 3e-4 undid an earlier run's cosine
 # tail within 100 steps, docs/training.md):
 #   RUN=runs/<next> INIT_FROM=<run>/checkpoint-<step>/drafter STEPS=... LR=1e-4 bash scripts/train_drafter.sh M
-# (stage 5, RUN=runs/stage5 INIT_FROM=hf_dspark/assets/smollm2-135m-dspark STEPS=1000 LR=1e-4
+# (stage 7, RUN=runs/stage7 INIT_FROM=hf_dspark/assets/smollm2-135m-dspark STEPS=1000 LR=1e-4
 #  MIX="oasst_prompts=3 awesome_chatgpt_prompts=3", is finished and shipped: a next stage starts from the shipped file)
 # NUM_LAYERS=3 with INIT_FROM a 2-layer drafter grows it (the new top layer starts as an identity).
 # DRAFT_VOCAB=16384 with INIT_FROM a drafter of 8,192 grows its draft vocabulary with the data's most frequent other tokens.
