@@ -35,7 +35,7 @@ import hf_dspark.eval.replay as rp
 from hf_dspark import DSparkDrafter
 from hf_dspark.io.loading import load_target
 from hf_dspark.io.prompts import chat_ids
-from hf_dspark.training.calibration import ece, fit_sts, holdout_prompts
+from hf_dspark.training.calibration import cumulative, ece, fit_sts, holdout_prompts
 from hf_dspark.training.data import eos_ids, read_answers
 from hf_dspark.training.sampler import Job, answer
 
@@ -187,8 +187,7 @@ def main() -> None:
     for name, (zs, ms, ys, vs, hs) in sets.items():
         out["history_rate"][name] = float(hs[:, 0].sum() / hs[:, 1].sum())
         preds = {"raw": predict(np.stack([zs, one(zs)], -1), [np.array([1.0, 0.0])] * zs.shape[1]),
-                 "sts": np.cumprod(_sig(zs / np.array(temps) + np.array(biases)), 1),
-                 "sts shared": np.cumprod(_sig(zs / np.array(shared[0]) + np.array(shared[1])), 1)}
+                 "sts": cumulative(zs, temps, biases), "sts shared": cumulative(zs, *shared)}
         preds.update({k: predict(feats[k](zs, ms, hs), ws) for k, ws in models.items()})
         for k, a in preds.items():
             cells = [ece(a[vs[:, j], j], ys[vs[:, j], j]) for j in range(zs.shape[1])]
